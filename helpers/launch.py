@@ -1,0 +1,97 @@
+"""`launch(fn, world_size)`: run a function on several ranks from a notebook cell.
+
+How (see DESIGN.md): a forkserver started once per kernel with torch preloaded forks fresh
+worker processes for every call; the function travels by value (cloudpickle), so functions
+defined in notebook cells work; ranks meet in a TCPStore hosted by the kernel on an OS-chosen
+port, under a key prefix of their own per call. The run loop itself lives in helpers.run.
+"""
+import itertools
+import multiprocessing
+import multiprocessing.forkserver
+import os
+
+import cloudpickle
+import torch.distributed as dist
+
+from helpers.backend import gpu_count, select_backend
+from helpers.run import Run
+
+# Above this, a CPU machine would thrash; raise it deliberately on a big GPU box.
+MAX_WORLD_SIZE = 64
+# Seconds the process-group timeout exceeds hang_timeout: the watchdog reports first, with call sites.
+TIMEOUT_MARGIN_S = 15.0
+
+
+class Runtime:
+    """Per-kernel state: the forkserver context and the rendezvous store."""
+
+    def __init__(self):
+        self.context = multiprocessing.get_context("forkserver")
+        # Workers start with torch and the worker module already imported (about 0.1 s per call).
+        self.context.set_forkserver_preload(["helpers.worker"])
+        self.store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        self.calls = itertools.count()
+
+    def spec(self, backend, hang_timeout, call):
+        """What every rank of one call needs to know, as plain data."""
+        return {"host": "127.0.0.1", "port": self.store.port, "backend": backend,
+                "prefix": f"launch/{os.getpid()}/{next(self.calls)}/", "hang_timeout": hang_timeout,
+                "timeout_margin": TIMEOUT_MARGIN_S, "threads": 1, "call": call}
+
+
+_runtime = None
+
+
+def runtime():
+    """The kernel's Runtime, created on first use (no side effects at import)."""
+    global _runtime
+    if _runtime is None:
+        _runtime = Runtime()
+    return _runtime
+
+
+def warm_up():
+    """Start the forkserver now, so that the first launch does not pay for importing torch."""
+    runtime()
+    multiprocessing.forkserver.ensure_running()
+
+
+def check_arguments(fn, world_size, hang_timeout):
+    """Reject bad input before any process starts, saying what to pass instead."""
+    if not callable(fn):
+        raise TypeError(f"launch(fn, ...) needs a function to run on every rank, got {type(fn).__name__}; "
+                        "define one with def and pass it without calling it: launch(train, 4)")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int (the number of ranks), got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: a run needs at least 1 rank; try 2 or 4")
+    if world_size > MAX_WORLD_SIZE:
+        raise ValueError(f"world_size={world_size} would start {world_size} processes on {os.cpu_count()} "
+                         f"CPU cores; use at most {MAX_WORLD_SIZE} (helpers.launch.MAX_WORLD_SIZE)")
+    if not hang_timeout > 0:
+        raise ValueError(f"hang_timeout={hang_timeout!r} must be a positive number of seconds, e.g. 30")
+
+
+def pickle_call(fn, args, kwargs):
+    """Serialise fn and its arguments by value; name the piece that cannot travel."""
+    pieces = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
+    pieces += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    for name, value in pieces:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - pickling fails with many exception types
+            raise TypeError(
+                f"{name} (a {type(value).__name__}) cannot be sent to the workers: {exc}. "
+                "Pass plain data or tensors, or create the object inside fn on each rank.") from None
+    return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+
+
+def launch(fn, world_size, *, args=(), kwargs=None, backend="auto", hang_timeout=30.0):
+    """Run fn(*args, **kwargs) on world_size ranks; return the results indexed by rank."""
+    check_arguments(fn, world_size, hang_timeout)
+    backend = select_backend(backend, world_size, gpu_count())
+    call = pickle_call(fn, args, kwargs or {})
+    rt = runtime()
+    spec = rt.spec(backend, float(hang_timeout), call)
+    with Run(rt.context, world_size, spec) as run:
+        return run.wait()

@@ -1,0 +1,172 @@
+"""One multi-rank call seen from the kernel: start ranks, stream output, collect results, tear down."""
+import sys
+import time
+from multiprocessing.connection import wait as wait_any
+
+import cloudpickle
+
+from helpers.errors import CollectiveHang, RankFailed
+from helpers.hang import describe_rank
+from helpers.rank_output import RankOutput
+from helpers.traceback_text import format_rank_error, is_secondary_error
+from helpers.worker import main as worker_main
+
+# After the first failure, how long to wait for the others (seconds): a crash on one rank makes
+# its peers fail with "connection reset", and the report should name the crash, not the echo.
+_GRACE_S = 0.5
+# How long ranks get to answer a report request when one rank is stuck (seconds).
+_REPORT_S = 2.0
+
+
+class Run:
+    """The processes and connections of one launch; a context manager that always tears down."""
+
+    def __init__(self, context, world_size, spec):
+        self.world_size = world_size
+        self.spec = spec
+        self.conns, self.procs = [], []
+        self.results, self.final_seq = {}, {}
+        self.output = RankOutput(sys.stdout, sys.stderr)
+        for rank in range(world_size):
+            parent, child = context.Pipe(duplex=True)
+            proc = context.Process(target=worker_main, args=(rank, world_size, spec, child),
+                                   name=f"rank-{rank}", daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def wait(self):
+        """Serve the ranks until all returned; raise RankFailed or CollectiveHang otherwise."""
+        failures, stuck = [], None
+        live = set(range(self.world_size))
+        deadline = None
+        while live and (deadline is None or time.monotonic() < deadline):
+            for rank, message in self._next_messages(live, timeout=0.1):
+                kind = message[0]
+                if kind == "out":
+                    self.output.write(rank, message[1], message[2])
+                elif kind == "result":
+                    self.results[rank] = cloudpickle.loads(message[1])
+                    self.final_seq[rank] = message[2]
+                    live.discard(rank)
+                elif kind in ("error", "unpicklable", "died"):
+                    failures.append((rank, message))
+                    live.discard(rank)
+                elif kind == "stuck" and stuck is None:
+                    stuck = message[1]
+            if (failures or stuck) and deadline is None:
+                deadline = time.monotonic() + (_GRACE_S if failures else 0.0)
+        self.output.flush()
+        if failures:
+            raise self._rank_failed(failures)
+        if stuck is not None:
+            raise self._hang(stuck)
+        return [self.results[r] for r in range(self.world_size)]
+
+    def _next_messages(self, live, timeout):
+        """Messages ready now, as (rank, message); a dead process becomes a "died" message."""
+        by_handle = {}
+        for rank in live:
+            by_handle[self.conns[rank]] = rank
+            by_handle[self.procs[rank].sentinel] = rank
+        ready = wait_any(list(by_handle), timeout=timeout)
+        messages = []
+        for handle in ready:
+            rank = by_handle[handle]
+            if handle is self.conns[rank]:
+                messages.extend((rank, m) for m in self._drain(rank))
+            elif not self.conns[rank].poll():  # read everything it sent before calling it dead
+                messages.append((rank, ("died", self.procs[rank].exitcode)))
+        return messages
+
+    def _drain(self, rank):
+        conn, out = self.conns[rank], []
+        try:
+            while conn.poll():
+                out.append(conn.recv())
+        except (EOFError, OSError):
+            self.procs[rank].join(timeout=1.0)
+            out.append(("died", self.procs[rank].exitcode))
+        return out
+
+    def _rank_failed(self, failures):
+        # Prefer the root cause: a rank that crashed on its own over peers that lost their connection.
+        rank, message = min(failures, key=lambda f: (is_secondary_error(f[1]), f[0]))
+        kind = message[0]
+        if kind == "died":
+            code = message[1]
+            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+            return RankFailed(f"rank {rank} {how} before returning (os._exit, a crash, or out of memory?); "
+                              "the other ranks were stopped", rank=rank, exitcode=code)
+        if kind == "unpicklable":
+            info = message[1]
+            return RankFailed(f"rank {rank} returned a {info['type']} that cannot be sent back to the "
+                              f"notebook ({info['message']}); return plain data or tensors, e.g. "
+                              "t.detach().cpu() or model.state_dict()", rank=rank)
+        info = message[1]
+        return RankFailed(format_rank_error(rank, info), rank=rank, exc_type=info["type"])
+
+    def _hang(self, first):
+        reports = {first["rank"]: first}
+        for rank in range(self.world_size):
+            if rank not in reports:
+                reports[rank] = self._ask_report(rank)
+        lines = [describe_rank(reports[r]) for r in sorted(reports)]
+        timeout = self.spec["hang_timeout"]
+        message = (f"no progress for {timeout:g} s: the ranks are waiting for each other.\n  "
+                   + "\n  ".join(lines)
+                   + "\nEvery rank must call the same collectives in the same order; look for a rank "
+                     "that skipped one or called a different one.")
+        return CollectiveHang(message, reports=[reports[r] for r in sorted(reports)])
+
+    def _ask_report(self, rank):
+        if rank in self.results:
+            return {"rank": rank, "phase": "finished", "seq": self.final_seq[rank]}
+        conn = self.conns[rank]
+        try:
+            conn.send(("report",))
+            deadline = time.monotonic() + _REPORT_S
+            while conn.poll(max(0.0, deadline - time.monotonic())):
+                message = conn.recv()
+                if message[0] == "report":
+                    return message[1]
+                if message[0] == "out":
+                    self.output.write(rank, message[1], message[2])
+        except (EOFError, OSError):
+            pass
+        return {"rank": rank, "phase": "gone"}
+
+    def close(self):
+        """Release finished ranks, stop the rest (SIGTERM, then SIGKILL), close every pipe."""
+        for conn in self.conns:
+            try:
+                conn.send(("exit",))
+            except (OSError, ValueError):
+                pass
+        _stop(self.procs, grace=0.5)
+        for conn in self.conns:
+            conn.close()
+        self.output.flush()
+
+
+def _stop(procs, grace):
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

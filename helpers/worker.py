@@ -1,0 +1,190 @@
+"""The rank side of `helpers.launch`: one process per rank, started by the kernel's forkserver.
+
+Protocol on the duplex connection to the kernel (tuples, first item the kind):
+  worker -> kernel: ("out", stream, text) | ("result", bytes, seq) | ("error", info) |
+                    ("unpicklable", info) | ("stuck", report) | ("report", report)
+  kernel -> worker: ("report",) asks for the current state, ("exit",) releases a finished rank.
+"""
+import datetime
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from helpers.hang import describe_main_thread
+
+# How often the watchdog looks at the main thread (seconds): small next to any hang_timeout.
+_WATCH_PERIOD_S = 0.2
+
+
+class Channel:
+    """The connection to the kernel, shared by the main, output and watchdog threads."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.exit_requested = threading.Event()
+
+    def send(self, *message):
+        with self.lock:
+            self.conn.send(message)
+
+    def serve(self, state):
+        """Answer the kernel's requests; exit at once if the kernel goes away."""
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                os._exit(1)  # the kernel died or tore us down: nobody is left to report to
+            if message[0] == "report":
+                self.send("report", state.report())
+            elif message[0] == "exit":
+                self.exit_requested.set()
+
+
+def capture_output(channel):
+    """Send everything written to fd 1 and 2 (Python and C++ alike) to the kernel."""
+    pumps = []
+    for fd, stream in ((1, "stdout"), (2, "stderr")):
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        pumps.append(threading.Thread(target=_pump, args=(read_end, stream, channel), daemon=True))
+        pumps[-1].start()
+    # Line buffering so that each print reaches the kernel while the rank is still running.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    return pumps
+
+
+def release_output(pumps):
+    """Close fds 1 and 2 and wait until the pumps forwarded everything, so output precedes the result."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)  # the pipe's last write end closes: its pump reads EOF
+    os.close(devnull)
+    for pump in pumps:
+        pump.join(timeout=2.0)
+
+
+def _pump(read_end, stream, channel):
+    while True:
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            os.close(read_end)
+            return
+        channel.send("out", stream, chunk.decode(errors="replace"))
+
+
+class RankState:
+    """What this rank is doing, as the watchdog and the kernel's report requests see it."""
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.phase = "starting"  # starting -> rendezvous -> running -> finished
+        self.main_ident = threading.main_thread().ident
+
+    def sequence_number(self):
+        """Collectives this rank has issued on the default group (Gloo and NCCL count them)."""
+        if not dist.is_initialized():
+            return 0
+        try:
+            return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+        except RuntimeError:  # a backend without sequence numbers
+            return -1
+
+    def report(self):
+        frame = sys._current_frames().get(self.main_ident)
+        report = describe_main_thread(frame) if self.phase != "finished" else {}
+        report.update(rank=self.rank, phase=self.phase, seq=self.sequence_number())
+        return report
+
+
+def watch(state, channel, hang_timeout):
+    """Report the rank as stuck when its main thread has not moved for hang_timeout seconds."""
+    last_key, since = None, time.monotonic()
+    while True:
+        time.sleep(_WATCH_PERIOD_S)
+        if state.phase == "finished":
+            return
+        frame = sys._current_frames().get(state.main_ident)
+        # Same frame, same bytecode offset, same collective count: no progress at all.
+        key = (id(frame), frame.f_lasti if frame else None, state.sequence_number())
+        if key != last_key:
+            last_key, since = key, time.monotonic()
+        elif time.monotonic() - since >= hang_timeout:
+            channel.send("stuck", state.report())
+            return
+
+
+def init_group(rank, world_size, spec):
+    """Join the call's process group through the kernel's TCPStore, under the call's key prefix."""
+    # Longer than hang_timeout so that our watchdog, which knows the call sites, speaks first.
+    timeout = datetime.timedelta(seconds=spec["hang_timeout"] + spec["timeout_margin"])
+    store = dist.TCPStore(spec["host"], spec["port"], is_master=False, timeout=timeout)
+    store = dist.PrefixStore(spec["prefix"], store)
+    device_id = None
+    if spec["backend"] == "nccl":
+        # One GPU per rank: without set_device every rank would pile onto cuda:0.
+        device_id = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device_id)
+    dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=world_size,
+                            timeout=timeout, device_id=device_id)
+
+
+def error_info(exc):
+    """The exception as plain data; the kernel fills in notebook source lines it alone knows."""
+    frames = [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)]
+    frames = [f for f in frames if not f[0].startswith(os.path.dirname(__file__))]
+    return {"type": type(exc).__name__, "message": str(exc), "frames": frames,
+            "text": "".join(traceback.format_exception(exc))}
+
+
+def main(rank, world_size, spec, conn):
+    """Entry point of a rank: set up, run the shipped function, report, wait to be released."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts and tears us down
+    torch.set_num_threads(spec["threads"])  # several ranks share few cores
+    channel = Channel(conn)
+    state = RankState(rank)
+    threading.Thread(target=channel.serve, args=(state,), daemon=True).start()
+    pumps = capture_output(channel)
+    threading.Thread(target=watch, args=(state, channel, spec["hang_timeout"]), daemon=True).start()
+    try:
+        state.phase = "rendezvous"
+        init_group(rank, world_size, spec)
+        state.phase = "running"
+        fn, args, kwargs = cloudpickle.loads(spec["call"])
+        result = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - everything a rank raises goes to the kernel
+        state.phase = "finished"
+        release_output(pumps)
+        channel.send("error", error_info(exc))
+        _wait_and_exit(channel, 1)
+    state.phase = "finished"
+    release_output(pumps)
+    _send_result(channel, result, state)
+    _wait_and_exit(channel, 0)
+
+
+def _send_result(channel, result, state):
+    try:
+        payload = cloudpickle.dumps(result)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
+        channel.send("unpicklable", {"type": type(result).__name__, "message": f"{type(exc).__name__}: {exc}"})
+        return
+    channel.send("result", payload, state.sequence_number())
+
+
+def _wait_and_exit(channel, code):
+    # A finished rank stays in the group until every rank is done, so that a rank which skipped a
+    # collective leaves its peers blocked (a hang we can report) instead of crashing them.
+    channel.exit_requested.wait()
+    os._exit(code)  # skip atexit and Gloo's teardown: the kernel already has everything

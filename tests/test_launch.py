@@ -1,0 +1,259 @@
+"""helpers.launch: running functions on ranks, and every way a run can go wrong."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers import CollectiveHang, LaunchError, RankFailed, launch
+from tests.processes import forkserver_children, open_fds
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def rank_and_sum(offset):
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank() + offset, dist.get_world_size(), t.item()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_results_indexed_by_rank(world_size):
+    results = launch(rank_and_sum, world_size, args=(100,))
+    total = sum(range(world_size))
+    assert results == [(100 + r, world_size, total) for r in range(world_size)]
+
+
+def test_function_defined_in_main_runs_on_workers():
+    # A notebook cell defines functions in __main__, which workers cannot import: cloudpickle
+    # must ship it by value. exec with __name__ == "__main__" makes exactly such a function.
+    namespace = {"__name__": "__main__"}
+    exec("import torch.distributed as dist\ndef cell_fn(k):\n    return k * (dist.get_rank() + 1)\n", namespace)
+    assert namespace["cell_fn"].__module__ == "__main__"
+    assert launch(namespace["cell_fn"], 2, args=(7,), kwargs=None) == [7, 14]
+
+
+def test_kwargs_reach_every_rank():
+    def fn(*, scale):
+        return scale * dist.get_world_size()
+
+    assert launch(fn, 2, kwargs={"scale": 3}) == [6, 6]
+
+
+class TimedStream:
+    """A stdout stand-in that remembers when each piece of text arrived."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, text):
+        self.writes.append((time.monotonic(), text))
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(t for _, t in self.writes)
+
+
+def print_then_wait():
+    print(f"early {dist.get_rank()}")
+    print("no newline at the end", end="")
+    time.sleep(1.5)
+    return "done"
+
+
+def test_output_streams_live_with_rank_prefix(monkeypatch):
+    out = TimedStream()
+    monkeypatch.setattr("sys.stdout", out)
+    launch(print_then_wait, 2)
+    finished = time.monotonic()
+    text = out.text()
+    assert "[rank 0] early 0\n" in text and "[rank 1] early 1\n" in text
+    assert "[rank 1] no newline at the end\n" in text
+    first = min(t for t, s in out.writes if "early" in s)
+    assert finished - first > 1.0, "output arrived only after the ranks finished"
+
+
+def write_stderr_from_c():
+    os.write(2, b"from the C level\n")  # what C++ warnings do: bypass sys.stderr
+    return 0
+
+
+def test_fd_level_stderr_is_captured(capsys):
+    launch(write_stderr_from_c, 1)
+    assert "[rank 0] from the C level" in capsys.readouterr().err
+
+
+def raise_on_rank_one():
+    if dist.get_rank() == 1:
+        raise ValueError("shard 1 is empty")
+    dist.barrier()
+
+
+def test_rank_that_raises():
+    launch(rank_and_sum, 2, args=(0,))  # warm: the 2 s bound is about a warm forkserver
+    start = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        launch(raise_on_rank_one, 3)
+    assert time.monotonic() - start < 2.0
+    message = str(info.value)
+    assert info.value.rank == 1 and info.value.exc_type == "ValueError"
+    assert "rank 1 raised ValueError: shard 1 is empty" in message
+    assert 'raise ValueError("shard 1 is empty")' in message  # the user's source line
+    assert isinstance(info.value, LaunchError) and isinstance(info.value, RuntimeError)
+
+
+def exit_on_rank(rank, how):
+    if dist.get_rank() == rank:
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("how, expected", [("exit", "rank 2 exited with code 3"),
+                                           ("kill", "rank 2 was killed by signal 9")])
+def test_rank_that_dies(how, expected):
+    with pytest.raises(RankFailed, match=expected) as info:
+        launch(exit_on_rank, 3, args=(2, how))
+    assert info.value.rank == 2
+
+
+def mismatched_collectives():
+    t = torch.ones(4)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+def skipped_barrier():
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() != 1:
+        dist.barrier()
+
+
+def test_mismatched_collective_is_a_hang():
+    start = time.monotonic()
+    with pytest.raises(CollectiveHang) as info:
+        launch(mismatched_collectives, 2, hang_timeout=2.0)
+    assert time.monotonic() - start < 2.0 + 4.0
+    message = str(info.value)
+    assert "rank 0: blocked in all_reduce #1" in message
+    assert "rank 1: blocked in broadcast #1" in message
+    assert "dist.broadcast(t, src=0)" in message and "test_launch.py line" in message
+    assert [r["rank"] for r in info.value.reports] == [0, 1]
+
+
+def test_skipped_barrier_is_a_hang():
+    with pytest.raises(CollectiveHang) as info:
+        launch(skipped_barrier, 3, hang_timeout=2.0)
+    message = str(info.value)
+    assert "rank 0: blocked in barrier #2" in message and "rank 2: blocked in barrier #2" in message
+    assert "rank 1: finished its function after 1 collective(s)" in message
+
+
+def group_timeout():
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    return backend.options._timeout.total_seconds()
+
+
+def test_process_group_timeout_follows_hang_timeout():
+    from helpers.launch import TIMEOUT_MARGIN_S
+
+    assert launch(group_timeout, 1, hang_timeout=7.0) == [7.0 + TIMEOUT_MARGIN_S]
+
+
+def write_pid_and_hang(directory):
+    with open(os.path.join(directory, f"{dist.get_rank()}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    if dist.get_rank() == 0:
+        dist.barrier()  # rank 1 never comes
+    time.sleep(60)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_interrupt_tears_down_workers(tmp_path):
+    # What Jupyter's interrupt does: SIGINT to the kernel while it waits in launch.
+    def interrupt_when_started():
+        while len(list(tmp_path.glob("*.pid"))) < 2:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(write_pid_and_hang, 2, args=(str(tmp_path),), hang_timeout=30)
+    interrupted = time.monotonic()
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    while any(_alive(p) for p in pids) and time.monotonic() - interrupted < 2.0:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+    assert launch(rank_and_sum, 2, args=(0,)) == [(0, 2, 1.0), (1, 2, 1.0)]
+
+
+@pytest.mark.timeout(120)
+def test_hundred_launches_leave_nothing_behind():
+    launch(rank_and_sum, 2, args=(0,))
+    fds_before = open_fds()
+    for _ in range(100):
+        assert launch(rank_and_sum, 2, args=(0,))[1] == (1, 2, 1.0)
+    time.sleep(0.2)  # the forkserver reaps its children asynchronously
+    assert forkserver_children() == []
+    assert open_fds() <= fds_before
+
+
+@pytest.mark.parametrize("world_size, error, match", [
+    (0, ValueError, "world_size=0: a run needs at least 1 rank"),
+    (-2, ValueError, "at least 1 rank"),
+    (10_000, ValueError, "use at most 64"),
+    ("4", TypeError, "world_size must be an int"),
+    (2.0, TypeError, "world_size must be an int"),
+])
+def test_bad_world_size(world_size, error, match):
+    with pytest.raises(error, match=match):
+        launch(rank_and_sum, world_size)
+
+
+def test_not_callable():
+    with pytest.raises(TypeError, match="needs a function to run on every rank, got int"):
+        launch(42, 2)
+
+
+def test_bad_hang_timeout():
+    with pytest.raises(ValueError, match="hang_timeout=0 must be a positive number"):
+        launch(rank_and_sum, 2, hang_timeout=0)
+
+
+def test_nccl_without_gpus_says_how_many():
+    with pytest.raises(LaunchError, match=r"world_size=2 but 0 CUDA GPU\(s\) were found"):
+        launch(rank_and_sum, 2, backend="nccl")
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="backend='mpi' is not one of"):
+        launch(rank_and_sum, 2, backend="mpi")
+
+
+def test_unpicklable_argument_is_named():
+    with pytest.raises(TypeError, match=r"args\[1\] \(a lock\) cannot be sent to the workers"):
+        launch(rank_and_sum, 2, args=(1, threading.Lock()))
+
+
+def return_a_lock():
+    return threading.Lock()
+
+
+def test_unpicklable_return_value_is_named():
+    with pytest.raises(RankFailed, match="rank 0 returned a lock that cannot be sent back"):
+        launch(return_a_lock, 1)

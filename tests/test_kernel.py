@@ -1,0 +1,92 @@
+"""%%ranks in a real Jupyter kernel: live output, interrupting a hung cell, nothing left behind."""
+import queue
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from tests.processes import children_of
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    manager, client = start_new_kernel(kernel_name="python3")
+    yield manager, client
+    client.stop_channels()
+    manager.shutdown_kernel(now=True)
+
+
+def execute(client, code, timeout=60.0):
+    """Run code; return (status, stdout text, stderr text, error name)."""
+    msg_id = client.execute(code)
+    stdout, stderr, error = [], [], None
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            (stdout if content["name"] == "stdout" else stderr).append(content["text"])
+        elif kind == "error":
+            error = content["ename"]
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    reply = client.get_shell_msg(timeout=10)
+    return reply["content"]["status"], "".join(stdout), "".join(stderr), error
+
+
+def descendants(pid):
+    """Every live process below pid (the forkserver and its workers)."""
+    found, todo = [], [pid]
+    while todo:
+        children = children_of(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+def test_ranks_cell_in_kernel(kernel):
+    _, client = kernel
+    status, out, _, _ = execute(client, "%load_ext helpers")
+    assert status == "ok"
+    cell = "%%ranks 4\nimport torch.distributed as dist\nprint('hello from', dist.get_rank())"
+    status, out, _, _ = execute(client, cell)
+    assert status == "ok"
+    for rank in range(4):
+        assert f"[rank {rank}] hello from {rank}" in out
+
+
+def test_interrupt_hung_cell_then_next_cell_works(kernel):
+    manager, client = kernel
+    execute(client, "%load_ext helpers")
+    kernel_pid = manager.provisioner.process.pid
+    cell = ("%%ranks 2 --hang-timeout 60\nimport torch.distributed as dist, os\n"
+            "print('pid', os.getpid(), flush=True)\nif dist.get_rank() == 0:\n    dist.barrier()\n")
+    msg_id = client.execute(cell)
+    workers = []
+    deadline = time.monotonic() + 30
+    while len(workers) < 2 and time.monotonic() < deadline:  # wait until both ranks are running
+        try:
+            msg = client.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            workers += [int(w) for w in msg["content"]["text"].split() if w.isdigit()]
+    assert len(workers) == 2
+    time.sleep(0.5)
+    manager.interrupt_kernel()
+    interrupted = time.monotonic()
+    reply = client.get_shell_msg(timeout=20)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    while set(workers) & set(descendants(kernel_pid)) and time.monotonic() - interrupted < 2.0:
+        time.sleep(0.05)
+    assert not set(workers) & set(descendants(kernel_pid)), "workers survived the interrupt"
+    status, out, _, _ = execute(client, "%%ranks 2\nprint('again')")
+    assert status == "ok" and "[rank 1] again" in out
+    # Only the forkserver (and its resource tracker) may remain below the kernel, no workers.
+    time.sleep(0.3)
+    forkserver_level = children_of(kernel_pid)
+    assert all(children_of(p) == [] for p in forkserver_level)

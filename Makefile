@@ -1,0 +1,42 @@
+# Data Parallelism, hands-on. The two commands: `make lab` and `make test`.
+# Needs only python3 (with venv and pip); everything else goes into .venv at the repo root.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Written after a successful install; reinstall only when the dependency list changes.
+STAMP := $(VENV)/.installed
+# Extra JupyterLab options, e.g. make lab JUPYTER_ARGS="--no-browser --port 8890 --ip 0.0.0.0"
+JUPYTER_ARGS ?=
+# Extra pytest options, e.g. make test PYTEST_ARGS="-x -k launch"
+PYTEST_ARGS ?=
+NOTEBOOKS := $(wildcard chapters/*.ipynb)
+
+.PHONY: setup lab test bench clean help
+
+help:
+	@echo "make lab    set up if needed, then open JupyterLab on chapter 00"
+	@echo "make test   set up if needed, then run every test and execute every notebook"
+	@echo "make bench  time the launcher against torch.multiprocessing.spawn and raw fork"
+	@echo "make setup  create .venv and install the course into it (idempotent)"
+	@echo "make clean  remove .venv and test artifacts"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+lab: setup
+	$(VENV)/bin/jupyter lab chapters/00_first_distributed_program.ipynb $(JUPYTER_ARGS)
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(NOTEBOOKS) $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m tests.bench_launch
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache

@@ -10,13 +10,14 @@ STAMP := $(VENV)/.installed
 JUPYTER_ARGS ?=
 # Extra pytest options, e.g. make test PYTEST_ARGS="-x -k launch"
 PYTEST_ARGS ?=
-NOTEBOOKS := $(wildcard chapters/*.ipynb)
+NOTEBOOKS := $(wildcard chapters/*.ipynb labs/*.ipynb)
 
-.PHONY: setup lab test bench clean help
+.PHONY: setup lab labs test bench clean help
 
 help:
 	@echo "make lab    set up if needed, then open JupyterLab on chapter 00"
 	@echo "make test   set up if needed, then run every test and execute every notebook"
+	@echo "make labs   regenerate labs/ from solutions/ (labs are never edited by hand)"
 	@echo "make bench  time the launcher against torch.multiprocessing.spawn and raw fork"
 	@echo "make setup  create .venv and install the course into it (idempotent)"
 	@echo "make clean  remove .venv and test artifacts"
@@ -33,7 +34,10 @@ lab: setup
 
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
-	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(NOTEBOOKS) $(PYTEST_ARGS)
+	$(if $(NOTEBOOKS),$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(NOTEBOOKS) $(PYTEST_ARGS))
+
+labs: setup
+	$(PY) -m helpers.grading.labgen
 
 bench: setup
 	$(PY) -m tests.bench_launch

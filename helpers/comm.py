@@ -167,14 +167,14 @@ def _set_end(records: list) -> None:
         r.end = now
 
 
-def _watch(records: list, out) -> None:
-    """Set the records' end time when the work completes, if the backend offers a future."""
+def _watch(records: list, out):
+    """Set the records' end time when the work completes; return (work future, callback future)."""
     work = out[-1] if isinstance(out, tuple) else out
     try:
         future = torch._C._distributed_c10d.Work.unbox(work).get_future()
     except RuntimeError:
-        return  # Gloo's reduce-scatter (completes inside wait()) and send/recv have none
-    future.then(lambda _future: _set_end(records))
+        return None  # Gloo's reduce-scatter (completes inside wait()) and send/recv have none
+    return future, future.then(lambda _future: _set_end(records))
 
 
 def _kernel(op, spec):
@@ -197,7 +197,10 @@ def _kernel(op, spec):
         records = [dataclasses.replace(record, start=start, label=ledger._label) for ledger in ledgers]
         for ledger, r in zip(ledgers, records):
             ledger.records.append(r)
-        _watch(records, out)
+        watched = _watch(records, out)
+        if watched:
+            for ledger in ledgers:
+                ledger._pending.append(watched)
         return out
 
     return kernel
@@ -225,6 +228,7 @@ class CommLedger:
     def __init__(self):
         self.records: list[CommRecord] = []
         self._label: str | None = None
+        self._pending: list = []  # (work future, end-stamping callback future)
 
     def __enter__(self) -> CommLedger:
         if self in _active:
@@ -235,6 +239,12 @@ class CommLedger:
         return self
 
     def __exit__(self, *exc) -> bool:
+        # A waiter wakes when a future completes, possibly before its callbacks ran: for finished
+        # work, wait for the end-stamping callback too, so that every finished record has its end.
+        for future, stamped in self._pending:
+            if future.done():
+                stamped.wait()
+        self._pending.clear()
         _active.remove(self)
         if not _active:
             _uninstall()

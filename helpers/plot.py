@@ -49,6 +49,17 @@ def span_label(span: Mapping) -> str:
     return span.get("label") or span.get("op") or span.get("kind", "comm")
 
 
+def _sublanes(spans) -> dict:
+    """Greedy interval partitioning: id(span) -> sub-lane, so overlapping spans of a rank never hide each other."""
+    lane_of, lane_ends = {}, {}
+    for span in spans:  # sorted by start
+        ends = lane_ends.setdefault(span["rank"], [])
+        lane = next((i for i, end in enumerate(ends) if end <= span["start"]), len(ends))
+        ends[lane:lane + 1] = [span["end"]]
+        lane_of[id(span)] = lane
+    return lane_of
+
+
 def timeline(spans, *, ax=None, title: str | None = None, unit: str = "ms", figsize=(9, 3)):
     """Per-rank timeline: compute spans grey in the top lane, communication coloured by label below."""
     rows = [s for s in _flatten_spans(spans) if s.get("end") is not None]
@@ -63,12 +74,16 @@ def timeline(spans, *, ax=None, title: str | None = None, unit: str = "ms", figs
     ranks = sorted({s["rank"] for s in rows})
     ax = _axes(ax, figsize)
     # Two lanes per rank row: overlapping compute and communication (chapter 04) stay visible.
+    # Collectives in flight at the same time (async buckets) split the comm lane into sub-lanes.
+    lane_of = _sublanes(comm)
+    depth = {r: 1 + max([lane_of[id(s)] for s in comm if s["rank"] == r], default=0) for r in ranks}
     for span in rows:
         is_compute = span.get("kind", "comm") == "compute"
-        y = ranks.index(span["rank"]) + (-0.2 if is_compute else 0.2)
+        height = 0.38 if is_compute else 0.38 / depth[span["rank"]]
+        y = ranks.index(span["rank"]) + (-0.2 if is_compute else 0.01 + height * (lane_of[id(span)] + 0.5))
         colour = COMPUTE_COLOUR if is_compute else colours[span_label(span)]
         ax.barh(y, (span["end"] - span["start"]) * scale, left=(span["start"] - t0) * scale,
-                height=0.38, color=colour, edgecolor="white", linewidth=0.5)
+                height=height, color=colour, edgecolor="white", linewidth=0.5)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.set_ylim(len(ranks) - 0.5, -0.5)  # rank 0 on top
     ax.set_xlabel(f"time ({unit}) from the first span")

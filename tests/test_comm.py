@@ -272,3 +272,21 @@ def test_records_and_totals_pickle_as_plain_data():
                          group_size=2, call_site=None, start=1.0, end=2.0)
     assert pickle.loads(pickle.dumps(record)) == record
     assert record.as_dict()["wire_bytes"] == 12
+
+
+def _many_bucket_steps():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(), bucket_cap_mb=0.01)
+    missing = 0
+    for _ in range(20):
+        with CommLedger() as ledger:
+            model(_batch()).square().mean().backward()
+        missing += sum(r.end is None for r in ledger.records if r.op == "all_reduce")
+    return missing
+
+
+@pytest.mark.timeout(90)
+def test_finished_work_always_has_its_end_time_at_exit():
+    # A future's waiters can wake before its callbacks ran; the ledger must wait for the stamp.
+    assert launch(_many_bucket_steps, 2, hang_timeout=HANG_S) == [0, 0]

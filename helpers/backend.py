@@ -19,7 +19,17 @@ def select_backend(requested, world_size, gpus):
     if requested == "auto":
         return "nccl" if gpus >= world_size else "gloo"
     if requested == "nccl" and gpus < world_size:
+        fewer = f", or lower world_size to {gpus}" if gpus else ""
         raise LaunchError(
             f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} CUDA GPU(s) "
-            f"were found. Use backend='gloo' (runs on CPU) or 'auto', or lower world_size to {gpus or 1}.")
+            f"were found. Use backend='gloo' (runs on CPU) or 'auto'{fewer}.")
     return requested
+
+
+def rank_device():
+    """The device this rank computes on: its own GPU under NCCL, the CPU under Gloo."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -50,12 +50,26 @@ def source_line(filename, lineno):
     return linecache.getline(filename, lineno).strip()
 
 
+def describe_file(filename):
+    """'In [7]' for a notebook cell the kernel ran, else the file's base name."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        get_ipython = None
+    shell = get_ipython() if get_ipython else None
+    # IPython names each cell's code after a hash of its source and remembers its execution count.
+    number = getattr(getattr(shell, "compile", None), "_filename_map", {}).get(filename)
+    if number is not None:
+        return f"In [{number}]"
+    return os.path.basename(filename)
+
+
 def describe_site(site):
-    """'cell line 4 in train: dist.barrier()' for a (filename, lineno, function) triple."""
+    """'In [7] line 4 in train: dist.barrier()' for a (filename, lineno, function) triple."""
     if not site:
         return "no user code on the stack"
     filename, lineno, name = site
-    where = f"{os.path.basename(filename)} line {lineno}"
+    where = f"{describe_file(filename)} line {lineno}"
     line = source_line(filename, lineno)
     return f"{where} in {name}: {line}" if line else f"{where} in {name}"
 
@@ -72,3 +86,13 @@ def describe_rank(report):
     op = report.get("op") or "no collective (computing or sleeping?)"
     # The backend counts a collective when it is issued, so a blocked one is already counted.
     return f"rank {rank}: blocked in {op} #{seq}, called at {describe_site(report.get('site'))}"
+
+
+def hang_hint(reports):
+    """What to look for, given where the ranks are blocked."""
+    ops = {r.get("op") for r in reports if r.get("phase") == "running"}
+    if ops and ops <= {"send", "recv"} and len(ops) == 1:
+        return ("Every rank waits in the same point-to-point op: a blocking send waits for its recv. "
+                "Pair them (even ranks send first, odd ranks receive first) or use isend/irecv.")
+    return ("Every rank must call the same collectives in the same order; look for a rank that "
+            "skipped one or called a different one.")

@@ -6,7 +6,7 @@ from multiprocessing.connection import wait as wait_any
 import cloudpickle
 
 from helpers.errors import CollectiveHang, RankFailed
-from helpers.hang import describe_rank
+from helpers.hang import describe_rank, hang_hint
 from helpers.rank_output import RankOutput
 from helpers.traceback_text import format_rank_error, is_secondary_error
 from helpers.worker import main as worker_main
@@ -122,9 +122,7 @@ class Run:
         lines = [describe_rank(reports[r]) for r in sorted(reports)]
         timeout = self.spec["hang_timeout"]
         message = (f"no progress for {timeout:g} s: the ranks are waiting for each other.\n  "
-                   + "\n  ".join(lines)
-                   + "\nEvery rank must call the same collectives in the same order; look for a rank "
-                     "that skipped one or called a different one.")
+                   + "\n  ".join(lines) + "\n" + hang_hint(reports.values()))
         return CollectiveHang(message, reports=[reports[r] for r in sorted(reports)])
 
     def _ask_report(self, rank):

@@ -1,7 +1,5 @@
 """A rank's exception as the learner wants to read it: their own lines, with source."""
-import os
-
-from helpers.hang import is_user_file, source_line
+from helpers.hang import describe_file, is_user_file, source_line
 
 # Messages a rank gets when a peer crashed: symptoms, not causes.
 _SECONDARY = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
@@ -22,7 +20,7 @@ def format_rank_error(rank, info):
     for filename, lineno, name, line in frames:
         # Notebook cells exist only in the kernel's line cache, so the kernel fills their source.
         line = source_line(filename, lineno) or (line or "").strip()
-        lines.append(f"  {os.path.basename(filename)}, line {lineno}, in {name}")
+        lines.append(f"  {describe_file(filename)}, line {lineno}, in {name}")
         if line:
             lines.append(f"    {line}")
     lines.append("The other ranks were stopped. Fix the error above and run the cell again.")

@@ -90,3 +90,20 @@ def test_interrupt_hung_cell_then_next_cell_works(kernel):
     time.sleep(0.3)
     forkserver_level = children_of(kernel_pid)
     assert all(children_of(p) == [] for p in forkserver_level)
+
+
+def test_hang_report_names_the_notebook_cell(kernel):
+    _, client = kernel
+    cell = ("from helpers import launch, CollectiveHang\n"
+            "def only_rank_zero_waits():\n"
+            "    import torch.distributed as dist\n"
+            "    if dist.get_rank() == 0:\n"
+            "        dist.barrier()\n"
+            "try:\n"
+            "    launch(only_rank_zero_waits, 2, hang_timeout=2)\n"
+            "except CollectiveHang as e:\n"
+            "    print(e)\n")
+    status, out, _, _ = execute(client, cell)
+    assert status == "ok"
+    assert "rank 0: blocked in barrier #1, called at In [" in out
+    assert "line 5 in only_rank_zero_waits: dist.barrier()" in out

@@ -257,3 +257,48 @@ def return_a_lock():
 def test_unpicklable_return_value_is_named():
     with pytest.raises(RankFailed, match="rank 0 returned a lock that cannot be sent back"):
         launch(return_a_lock, 1)
+
+
+KERNEL_SCRIPT = """
+import sys, time, os
+import torch.distributed as dist
+from helpers import launch
+
+def hang(directory):
+    with open(os.path.join(directory, f"{dist.get_rank()}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+
+launch(hang, 2, args=(sys.argv[1],), hang_timeout=100)
+"""
+
+
+def test_workers_exit_when_the_kernel_dies(tmp_path):
+    # A kernel killed with SIGKILL cannot tear anything down: workers must notice their pipe closed.
+    import subprocess
+    import sys
+
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_SCRIPT, str(tmp_path)])
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 2
+    kernel.kill()
+    kernel.wait()
+    killed = time.monotonic()
+    while any(_alive(p) for p in pids) and time.monotonic() - killed < 3.0:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), "workers outlived their kernel"
+
+
+def everyone_sends_first():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dist.send(torch.ones(1), dst=(rank + 1) % n)
+    dist.recv(torch.empty(1), src=(rank - 1) % n)
+
+
+def test_send_ring_hang_gets_its_own_hint():
+    with pytest.raises(CollectiveHang, match="a blocking send waits for its recv"):
+        launch(everyone_sends_first, 2, hang_timeout=2.0)

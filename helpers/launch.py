@@ -11,6 +11,8 @@ import itertools
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
+import threading
 
 import cloudpickle
 import torch.distributed as dist
@@ -55,9 +57,18 @@ def runtime():
 
 
 def warm_up():
-    """Start the forkserver now, so that the first launch does not pay for importing torch."""
+    """Start the forkserver (if it is not running), so that launches do not pay for importing torch."""
     runtime()
-    multiprocessing.forkserver.ensure_running()
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()
+        return
+    # The forkserver ignores SIGINT only once its preload finished; an interrupt during those seconds
+    # (Jupyter signals the kernel's whole process group) would kill it. SIG_IGN survives exec.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def check_arguments(fn, world_size, hang_timeout):
@@ -95,6 +106,7 @@ def launch(fn, world_size, *, args=(), kwargs=None, backend="auto", hang_timeout
     check_arguments(fn, world_size, hang_timeout)
     backend = select_backend(backend, world_size, gpu_count())
     call = pickle_call(fn, args, kwargs or {})
+    warm_up()
     rt = runtime()
     spec = rt.spec(backend, float(hang_timeout), call)
     with Run(rt.context, world_size, spec) as run:

@@ -13,7 +13,7 @@ from helpers.worker import main as worker_main
 
 # After the first failure, how long to wait for the others (seconds): a crash on one rank makes
 # its peers fail with "connection reset", and the report should name the crash, not the echo.
-_GRACE_S = 0.5
+_GRACE_S = 0.2
 # How long ranks get to answer a report request when one rank is stuck (seconds).
 _REPORT_S = 2.0
 
@@ -149,7 +149,10 @@ class Run:
                 conn.send(("exit",))
             except (OSError, ValueError):
                 pass
-        _stop(self.procs, grace=0.5)
+        finished = [self.procs[r] for r in self.results]
+        _stop(finished, grace=0.5)
+        # A rank that did not finish is blocked or failing: nothing of it is worth waiting for.
+        _stop([p for p in self.procs if p not in finished], grace=0.0)
         for conn in self.conns:
             conn.close()
         self.output.flush()
@@ -162,7 +165,7 @@ def _stop(procs, grace):
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + 0.5
     for proc in procs:
         proc.join(timeout=max(0.0, deadline - time.monotonic()))
         if proc.is_alive():

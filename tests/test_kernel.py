@@ -107,3 +107,4 @@ def test_hang_report_names_the_notebook_cell(kernel):
     assert status == "ok"
     assert "rank 0: blocked in barrier #1, called at In [" in out
     assert "line 5 in only_rank_zero_waits: dist.barrier()" in out
+

@@ -1,0 +1,77 @@
+"""The notebook that is graded: the released lab, the student's answer cells, probe cells.
+
+Only answer cells (tagged by `make labs` with the questions they answer) come from the submission;
+every other cell comes from the released lab, so editing a check cell changes nothing. After each
+answer cell, a probe cell evaluates that question's hidden tests and displays their values as JSON.
+"""
+import json
+import re
+import secrets
+
+import nbformat
+
+from helpers.grading.probe_runtime import PROBE_MIMETYPE
+_DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
+
+
+def answer_questions(cell):
+    """The questions a released lab cell answers ([] for other cells)."""
+    return cell.get("metadata", {}).get("dp_course", {}).get("answers", [])
+
+
+def find_answer(released_cell, submission):
+    """The submission's version of an answer cell: same cell id, else the cell defining the same names."""
+    for cell in submission.cells:
+        if cell.get("id") == released_cell.get("id") and cell.cell_type == "code":
+            return cell.source
+    names = set(_DEFINES.findall(released_cell.source))
+    for cell in submission.cells:
+        if cell.cell_type == "code" and names and names <= set(_DEFINES.findall(cell.source)):
+            return cell.source
+    return None
+
+
+def probe_source(question, setup, probes, nonce):
+    """Code of a probe cell: evaluate each probe expression in the notebook's namespace."""
+    calls = [(p.name, p.expr) for p in probes]
+    return (
+        "from helpers.grading.probe_runtime import run_probes as _probe_run\n"
+        f"_probe_run({question!r}, {setup!r}, {calls!r}, {nonce!r})\n"
+    )
+
+
+def assemble(released, submission, setup, probes):
+    """(graded notebook, {question: nonce}, [questions whose answer cell was not found])."""
+    graded = nbformat.v4.new_notebook(metadata=released.metadata)
+    nonces, missing = {}, []
+    for cell in released.cells:
+        questions = answer_questions(cell)
+        copy = nbformat.from_dict(json.loads(json.dumps(cell)))
+        if questions:
+            source = find_answer(cell, submission)
+            if source is None:
+                missing += questions
+            else:
+                copy.source = source
+        copy.metadata["dp_course_kind"] = "answer" if questions else "lab"
+        graded.cells.append(copy)
+        for question in questions:
+            mine = [p for p in probes if p.question == question]
+            if mine:
+                nonces[question] = secrets.token_hex(8)
+                probe = nbformat.v4.new_code_cell(probe_source(question, setup, mine, nonces[question]))
+                probe.metadata["dp_course_kind"] = "probe"
+                graded.cells.append(probe)
+    return graded, nonces, missing
+
+
+def probe_values(graded, question, nonce):
+    """{probe name: {"value"| "error": ...}} displayed by the probe cell of question, if any."""
+    for cell in graded.cells:
+        if cell.metadata.get("dp_course_kind") != "probe":
+            continue
+        for output in cell.get("outputs", []):
+            data = output.get("data", {}).get(PROBE_MIMETYPE)
+            if data and data.get("question") == question and data.get("nonce") == nonce:
+                return {r["name"]: r for r in data["results"]}
+    return {}

@@ -1,0 +1,39 @@
+"""Hidden tests ("probes") per lab: expressions evaluated in the student's kernel on instructor inputs.
+
+A probe file `labNN.py` (here, or in an instructor's private directory given as PROBES=dir) defines
+    SETUP = "code run in the student's kernel before the probes (define _probe_* helpers here)"
+    PROBES = [Probe("3.1", "a name the student sees", "an expression", points=1), ...]
+Probe files are instructor code, run in the grader and in the graded kernel. In a public repository
+they are not hidden: instructors who need hidden tests keep their own directory.
+"""
+import dataclasses
+import importlib.util
+import pathlib
+
+DEFAULT_DIR = pathlib.Path(__file__).parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One hidden test: its question, a name shown to students, the expression, its points."""
+
+    question: str
+    name: str
+    expr: str
+    points: float = 1.0
+    rtol: float = 1e-5
+    atol: float = 1e-6
+
+
+def load(lab, directory=None):
+    """(SETUP, [Probe, ...]) for lab "03" from directory (default: the course's own probes)."""
+    path = pathlib.Path(directory or DEFAULT_DIR) / f"lab{lab}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no probes for lab {lab}: expected {path}")
+    spec = importlib.util.spec_from_file_location(f"_probes_lab{lab}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    probes = list(module.PROBES)
+    if not probes:
+        raise ValueError(f"{path} defines no PROBES")
+    return getattr(module, "SETUP", ""), probes

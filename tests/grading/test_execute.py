@@ -1,0 +1,35 @@
+"""Executing notebooks in a fenced kernel: timeouts interrupt, and the launcher survives them."""
+import nbformat
+import pytest
+
+from helpers.grading.execute import Limits, execute
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def notebook(*sources):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    return nb
+
+
+def test_timeout_interrupts_only_that_cell_and_launches_still_work(tmp_path):
+    # The interrupt reaches the kernel's whole process group, including a forkserver that may
+    # still be importing torch; it must survive (SIG_IGN inherited), or the next launch fails.
+    nb = notebook("%load_ext helpers", "while True:\n    pass", "%%ranks 2\nprint('after the loop')")
+    result = execute(nb, str(tmp_path), Limits(cell_seconds=10, total_seconds=90))
+    assert [c["status"] for c in result.cells] == ["ok", "timeout", "ok"]
+    assert result.status == "timeout"
+    assert "[rank 1] after the loop" in str(nb.cells[2].outputs)
+
+
+def test_wall_clock_limit_skips_the_rest(tmp_path):
+    nb = notebook("import time\ntime.sleep(3)", "x = 1", "y = 2")
+    result = execute(nb, str(tmp_path), Limits(cell_seconds=10, total_seconds=2))
+    assert result.status == "timeout"
+    assert [c["status"] for c in result.cells][-1] == "skipped"
+
+
+def test_dead_kernel_is_reported(tmp_path):
+    nb = notebook("import os\nos._exit(3)", "x = 1")
+    assert execute(nb, str(tmp_path), Limits(cell_seconds=10, total_seconds=30)).status == "dead_kernel"

@@ -18,7 +18,7 @@ help:
 	@echo "make lab    set up if needed, then open JupyterLab on chapter 00"
 	@echo "make test   set up if needed, then run every test and execute every notebook"
 	@echo "make labs   regenerate labs/ from solutions/ (labs are never edited by hand)"
-	@echo "make bench  time the launcher against torch.multiprocessing.spawn and raw fork"
+	@echo "make bench  time the launcher (vs spawn, fork) and lab 04's bucketed DDP (vs torch DDP)"
 	@echo "make setup  create .venv and install the course into it (idempotent)"
 	@echo "make clean  remove .venv and test artifacts"
 
@@ -41,6 +41,7 @@ labs: setup
 
 bench: setup
 	$(PY) -m tests.bench_launch
+	$(PY) -m tests.bench_bucketing
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

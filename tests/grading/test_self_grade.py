@@ -1,0 +1,25 @@
+"""Every lab graded by the real grader: its solution scores full marks, its student version 0."""
+import csv
+import shutil
+
+import pytest
+
+from helpers.grading import grade as grading
+from helpers.grading.labgen import ROOT
+
+LABS = sorted(p.stem.removeprefix("lab") for p in (ROOT / "helpers/grading/probes").glob("lab[0-9][0-9].py"))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("lab", LABS)
+def test_solution_full_marks_student_version_zero(lab, tmp_path):
+    submissions = tmp_path / "submissions"
+    submissions.mkdir()
+    shutil.copy(grading.lab_notebook(ROOT / "solutions", lab), submissions / "solution.ipynb")
+    shutil.copy(grading.lab_notebook(ROOT / "labs", lab), submissions / "student.ipynb")
+    grading.grade(lab, submissions, tmp_path / "out", jobs=2)
+    with open(tmp_path / "out" / "grades.csv") as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    assert rows["solution"]["total"] == rows["solution"]["max"], rows["solution"]
+    assert rows["solution"]["status"] == "ok"
+    assert rows["student"]["total"] == "0", rows["student"]

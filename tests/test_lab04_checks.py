@@ -1,0 +1,325 @@
+"""Lab 04's public checks: the solution passes them, realistic wrong answers fail with a useful message."""
+import ast
+import types
+
+import nbformat
+import pytest
+import torch
+
+from helpers.grading import check
+from helpers.grading.checks import lab04
+from helpers.grading.labgen import ROOT
+
+SOLUTION = ROOT / "solutions" / "04_bucketing_and_overlap.ipynb"
+KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
+
+
+def solution_namespace(extra_source=""):
+    """The solution's imports, functions and classes, executed in a fresh module namespace.
+
+    Only the parameters cell and top-level imports, defs and classes run (no launches, no check() calls). The module is not in
+    sys.modules, so cloudpickle ships its classes to the ranks by value, as it does from a notebook.
+    """
+    module = types.ModuleType("lab04_solution")
+    for cell in nbformat.read(SOLUTION, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+        tree = ast.parse(source)
+        if "parameters" not in cell.metadata.get("tags", []):  # the parameters cell runs whole (sizes, seeds)
+            tree.body = [node for node in tree.body if isinstance(node, KEEP)]
+        exec(compile(tree, str(SOLUTION), "exec"), module.__dict__)
+    exec(extra_source, module.__dict__)  # a wrong answer replaces one definition
+    return module.__dict__
+
+
+def assert_fails(question, namespace, *fragments):
+    result = check(question, namespace)
+    assert result.passed < result.total, f"{question}: a wrong answer passed: {result.lines}"
+    text = "\n".join(result.lines)
+    for fragment in fragments:
+        assert fragment in text, f"{question}: expected {fragment!r} in the report:\n{text}"
+
+
+def test_reference_rule_is_torchs():
+    """The checks' own rule agrees with torch's _compute_bucket_assignment_by_size on every case they use."""
+    for _, params, cap in lab04._assignment_cases():
+        assert lab04.torch_buckets(params, cap) == lab04.reference_buckets([lab04.nbytes(p) for p in params], cap)
+    assert lab04.reference_buckets([lab04.nbytes(p) for p in lab04.make_model(0).parameters()],
+                                   lab04.CAP_BYTES) == [[7, 6, 5, 4], [3, 2], [1, 0]]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("question", ["4.1", "4.2", "4.3", "4.4"])
+def test_solution_passes(question):
+    result = check(question, solution_namespace())
+    assert result.total > 0 and result.passed == result.total, result.lines
+
+
+# --- 4.1 -------------------------------------------------------------------------------------------
+
+FORWARD_ORDER = '''
+def assign_buckets(params, bucket_cap_bytes):
+    buckets, current, filled = [], [], 0
+    for index in range(len(params)):
+        current.append(index)
+        filled += params[index].numel() * params[index].element_size()
+        if filled >= bucket_cap_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+    return buckets + ([current] if current else [])
+'''
+
+COUNTS_ELEMENTS = '''
+def assign_buckets(params, bucket_cap_bytes):
+    buckets, current, filled = [], [], 0
+    for index in reversed(range(len(params))):
+        current.append(index)
+        filled += params[index].numel()
+        if filled >= bucket_cap_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+    return buckets + ([current] if current else [])
+'''
+
+STAYS_UNDER_CAP = '''
+def assign_buckets(params, bucket_cap_bytes):
+    buckets, current, filled = [], [], 0
+    for index in reversed(range(len(params))):
+        size = params[index].numel() * params[index].element_size()
+        if current and filled + size > bucket_cap_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(index)
+        filled += size
+    return buckets + ([current] if current else [])
+'''
+
+
+def test_forward_order_fails():
+    assert_fails("4.1", solution_namespace(FORWARD_ORDER), "grouped from the FIRST parameter")
+
+
+def test_counting_elements_fails():
+    assert_fails("4.1", solution_namespace(COUNTS_ELEMENTS), "counted elements, not bytes")
+
+
+def test_keeping_buckets_under_the_cap_fails():
+    assert_fails("4.1", solution_namespace(STAYS_UNDER_CAP), "torch closes a bucket at the first tensor")
+
+
+# --- 4.2 -------------------------------------------------------------------------------------------
+
+def bucket_with(add_grad="", finish=""):
+    """A Bucket subclass of the solution's with one method replaced."""
+    return f'''
+_Solution = Bucket
+class Bucket(_Solution):
+{add_grad}
+{finish}
+'''
+
+
+AVERAGES_PARAMETERS = bucket_with(add_grad='''
+    def add_grad(self, param):
+        self.views[param].copy_(param.detach())        # picotron's bug: the hook receives the parameter
+        self.pending -= 1
+        if self.pending == 0:
+            self.buffer.div_(dist.get_world_size())
+            self.work = dist.all_reduce(self.buffer, async_op=True)
+''')
+
+NO_WAIT = bucket_with(finish='''
+    def finish(self):
+        for p in self.params:                           # forgot self.work.wait()
+            p.grad.copy_(self.views[p])
+        self.pending, self.work = len(self.params), None
+''')
+
+PER_PARAMETER = bucket_with(add_grad='''
+    def add_grad(self, param):
+        view = self.views[param]
+        view.copy_(param.grad)
+        view.div_(dist.get_world_size())
+        self.work = dist.all_reduce(view, async_op=True)   # one message per parameter
+        self.work.wait()
+        self.pending -= 1
+''')
+
+WAITS_IN_ADD_GRAD = bucket_with(add_grad='''
+    def add_grad(self, param):
+        self.views[param].copy_(param.grad)
+        self.pending -= 1
+        if self.pending == 0:
+            self.buffer.div_(dist.get_world_size())
+            self.work = dist.all_reduce(self.buffer, async_op=True)
+            self.work.wait()                            # synchronous: no overlap
+''')
+
+NO_RESET = bucket_with(finish='''
+    def finish(self):
+        self.work.wait()
+        for p in self.params:
+            p.grad.copy_(self.views[p])
+''')
+
+
+@pytest.mark.timeout(120)
+def test_bucket_averaging_parameters_fails():
+    assert_fails("4.2", solution_namespace(AVERAGES_PARAMETERS), "the average of the PARAMETERS")
+
+
+@pytest.mark.timeout(120)
+def test_bucket_without_wait_fails():
+    assert_fails("4.2", solution_namespace(NO_WAIT), "wait() on the work handle")
+
+
+@pytest.mark.timeout(120)
+def test_bucket_with_one_all_reduce_per_parameter_fails():
+    assert_fails("4.2", solution_namespace(PER_PARAMETER), "not one per parameter")
+
+
+@pytest.mark.timeout(120)
+def test_bucket_waiting_in_add_grad_fails():
+    assert_fails("4.2", solution_namespace(WAITS_IN_ADD_GRAD), "so it waited for the all-reduce")
+
+
+@pytest.mark.timeout(120)
+def test_bucket_not_reset_fails():
+    assert_fails("4.2", solution_namespace(NO_RESET), "reset pending")
+
+
+# --- 4.3 -------------------------------------------------------------------------------------------
+
+def reducer_with(init_tail="", finalize=""):
+    """A Reducer whose __init__ tail or finalize() is replaced (the broadcast stays)."""
+    init = f'''
+    def __init__(self, model, bucket_cap_mb=25.0):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            for p in self.params:
+                dist.broadcast(p, src=0)
+{init_tail}
+''' if init_tail else ""
+    return f'''
+_Solution = Reducer
+class Reducer(_Solution):
+{init}
+{finalize}
+'''
+
+
+HOOK_AVERAGES_PARAMETERS = reducer_with(init_tail='''
+        def hook(param):                               # picotron: all-reduce the PARAMETER
+            with torch.no_grad():
+                dist.all_reduce(param)
+                param /= dist.get_world_size()
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(hook)
+        self.buckets = []
+''', finalize='''
+    def finalize(self):
+        pass
+''')
+
+ALL_REDUCE_IN_FINALIZE = reducer_with(init_tail='''
+        cap = int(bucket_cap_mb * 2**20)
+        self.buckets = [[self.params[i] for i in b] for b in assign_buckets(self.params, cap)]
+''', finalize='''
+    def finalize(self):                                # buckets, but only after backward: no overlap
+        for bucket in self.buckets:
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            dist.all_reduce(flat)
+            flat /= dist.get_world_size()
+            for p, piece in zip(bucket, flat.split([p.numel() for p in bucket])):
+                p.grad.copy_(piece.view_as(p))
+''')
+
+PER_PARAMETER_HOOKS = reducer_with(init_tail='''
+        self.works = []
+        def hook(param):
+            param.grad /= dist.get_world_size()
+            self.works.append(dist.all_reduce(param.grad, async_op=True))
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(hook)
+''', finalize='''
+    def finalize(self):
+        for work in self.works:
+            work.wait()
+        self.works = []
+''')
+
+FINALIZE_WITHOUT_WAIT = reducer_with(finalize='''
+    def finalize(self):
+        for bucket in self.buckets:                     # copies back, never waits
+            for p in bucket.params:
+                p.grad.copy_(bucket.views[p])
+            bucket.pending, bucket.work = len(bucket.params), None
+''')
+
+
+@pytest.mark.timeout(120)
+def test_reducer_averaging_parameters_fails():
+    assert_fails("4.3", solution_namespace(HOOK_AVERAGES_PARAMETERS), "instead of `param.grad`")
+
+
+@pytest.mark.timeout(120)
+def test_reducer_reducing_after_backward_fails():
+    assert_fails("4.3", solution_namespace(ALL_REDUCE_IN_FINALIZE), "launch each bucket from the gradient hooks")
+
+
+@pytest.mark.timeout(120)
+def test_reducer_with_one_all_reduce_per_parameter_fails():
+    assert_fails("4.3", solution_namespace(PER_PARAMETER_HOOKS), "8 all-reduces in one step, expected 3")
+
+
+@pytest.mark.timeout(120)
+def test_reducer_finalize_without_wait_fails():
+    assert_fails("4.3", solution_namespace(FINALIZE_WITHOUT_WAIT), "wait() on the work handle")
+
+
+# --- 4.4 -------------------------------------------------------------------------------------------
+
+STEP_BEFORE_FINALIZE = '''
+def train_bucketed(model, batches, lr, bucket_cap_mb):
+    reducer = Reducer(model, bucket_cap_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()                               # too early: this rank's own gradient
+        reducer.finalize()
+        losses.append(loss.item())
+    return losses
+'''
+
+REDUCER_PER_STEP = '''
+def train_bucketed(model, batches, lr, bucket_cap_mb):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        reducer = Reducer(model, bucket_cap_mb)        # new hooks at every step, on top of the old ones
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        reducer.finalize()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+'''
+
+
+@pytest.mark.timeout(120)
+def test_stepping_before_finalize_fails():
+    assert_fails("4.4", solution_namespace(STEP_BEFORE_FINALIZE), "finalize() BEFORE optimizer.step()")
+
+
+@pytest.mark.timeout(120)
+def test_a_reducer_per_step_fails():
+    assert_fails("4.4", solution_namespace(REDUCER_PER_STEP), "Build ONE Reducer before the loop")
+
+
+def test_helpers_see_the_tolerance():
+    assert lab04.TOL <= 1e-5 and torch.finfo(torch.float32).eps < lab04.TOL

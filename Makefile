@@ -12,13 +12,20 @@ JUPYTER_ARGS ?=
 PYTEST_ARGS ?=
 NOTEBOOKS := $(wildcard chapters/*.ipynb labs/*.ipynb)
 
-.PHONY: setup lab labs test bench clean help
+# make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir]
+LAB ?=
+SUBMISSIONS ?=
+OUT ?=
+PROBES ?=
+
+.PHONY: setup lab labs test bench grade clean help
 
 help:
 	@echo "make lab    set up if needed, then open JupyterLab on chapter 00"
 	@echo "make test   set up if needed, then run every test and execute every notebook"
 	@echo "make labs   regenerate labs/ from solutions/ (labs are never edited by hand)"
 	@echo "make bench  time the launcher (vs spawn, fork) and lab 04's bucketed DDP (vs torch DDP)"
+	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir]: grade a class (see README)"
 	@echo "make setup  create .venv and install the course into it (idempotent)"
 	@echo "make clean  remove .venv and test artifacts"
 
@@ -42,6 +49,11 @@ labs: setup
 bench: setup
 	$(PY) -m tests.bench_launch
 	$(PY) -m tests.bench_bucketing
+
+grade: setup
+	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" -a -n "$(OUT)" || \
+		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir]"; exit 2; }
+	$(PY) -m helpers.grading.grade --lab $(LAB) --submissions $(SUBMISSIONS) --out $(OUT) $(if $(PROBES),--probes $(PROBES))
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

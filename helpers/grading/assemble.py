@@ -3,6 +3,7 @@
 Only answer cells (tagged by `make labs` with the questions they answer) come from the submission;
 every other cell comes from the released lab, so editing a check cell changes nothing. After each
 answer cell, a probe cell evaluates that question's hidden tests and displays their values as JSON.
+Public check cells are kept but not run: they only report, and they cost time.
 """
 import json
 import re
@@ -17,6 +18,11 @@ _DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
 def answer_questions(cell):
     """The questions a released lab cell answers ([] for other cells)."""
     return cell.get("metadata", {}).get("dp_course", {}).get("answers", [])
+
+
+def _is_check(cell):
+    """A public check cell: it only reports, so grading skips it (probes do the grading)."""
+    return cell.cell_type == "code" and re.fullmatch(r"check\([^()]*\)", cell.source.strip()) is not None
 
 
 def find_answer(released_cell, submission):
@@ -53,7 +59,7 @@ def assemble(released, submission, setup, probes):
                 missing += questions
             else:
                 copy.source = source
-        copy.metadata["dp_course_kind"] = "answer" if questions else "lab"
+        copy.metadata["dp_course_kind"] = "answer" if questions else "check" if _is_check(cell) else "lab"
         graded.cells.append(copy)
         for question in questions:
             mine = [p for p in probes if p.question == question]

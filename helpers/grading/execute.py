@@ -75,7 +75,7 @@ def execute(notebook, workdir, limits):
 
 def _run_cells(client, notebook, deadline, limits, result):
     for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code":
+        if cell.cell_type != "code" or cell.metadata.get("dp_course_kind") == "check":
             continue
         remaining = deadline - time.monotonic()
         if remaining <= 0:

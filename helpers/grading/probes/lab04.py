@@ -1,0 +1,53 @@
+"""Hidden tests of lab 04 (bucketing and overlap). Public in this repository: see the README."""
+from helpers.grading.probes import Probe
+
+SETUP = '''
+import torch as _probe_torch
+import torch.distributed as _probe_dist
+import torch.nn.functional as _probe_F
+from helpers import launch as _probe_launch
+from helpers.comm import CommLedger as _probe_Ledger
+
+def _probe_model():
+    _probe_torch.manual_seed(30 + _probe_dist.get_rank())     # different init: the Reducer broadcasts
+    return _probe_torch.nn.Sequential(*[_probe_torch.nn.Linear(6, 6) for _ in range(5)])
+
+def _probe_batches(steps):
+    g = _probe_torch.Generator().manual_seed(40 + _probe_dist.get_rank())
+    return [(_probe_torch.randn(4, 6, generator=g), _probe_torch.randn(4, 6, generator=g)) for _ in range(steps)]
+
+def _probe_bucket():
+    _probe_torch.manual_seed(50 + _probe_dist.get_rank())
+    params = [_probe_torch.nn.Parameter(_probe_torch.randn(3)) for _ in range(2)]
+    for p in params:
+        p.grad = _probe_torch.randn(3)
+    bucket = Bucket(params)
+    for p in reversed(params):
+        bucket.add_grad(p)
+    bucket.finish()
+    return [p.grad for p in params]
+
+def _probe_reducer_calls():
+    model = _probe_model()
+    reducer = Reducer(model, bucket_cap_mb=400 / 2**20)        # ~400 bytes: a few buckets
+    x, y = _probe_batches(1)[0]
+    with _probe_Ledger() as ledger:
+        _probe_F.mse_loss(model(x), y).backward()
+        reducer.finalize()
+    return {"calls": ledger.totals()["all_reduce"]["calls"], "grads": [p.grad for p in model.parameters()]}
+
+def _probe_train():
+    model = _probe_model()
+    losses = train_bucketed(model, _probe_batches(3), 0.05, 300 / 2**20)
+    return {"losses": losses, "params": [p.detach() for p in model.parameters()]}
+'''
+
+PROBES = [
+    Probe("4.1", "ten parameters, 100-byte cap",
+          "assign_buckets([_probe_torch.empty(n) for n in (3, 9, 1, 30, 2, 2, 7, 25, 4, 1)], 100)"),
+    Probe("4.1", "a cap larger than the model", "assign_buckets([_probe_torch.empty(5), _probe_torch.empty(6)], 10**6)"),
+    Probe("4.2", "3 ranks, one bucket of two tensors", "_probe_launch(_probe_bucket, 3, hang_timeout=10)", points=2),
+    Probe("4.3", "3 ranks: bucket count and averaged gradients",
+          "_probe_launch(_probe_reducer_calls, 3, hang_timeout=10)", points=2),
+    Probe("4.4", "3 ranks, 3 steps", "_probe_launch(_probe_train, 3, hang_timeout=20)", points=2),
+]

@@ -17,7 +17,7 @@ def test_timeout_interrupts_only_that_cell_and_launches_still_work(tmp_path):
     # The interrupt reaches the kernel's whole process group, including a forkserver that may
     # still be importing torch; it must survive (SIG_IGN inherited), or the next launch fails.
     nb = notebook("%load_ext helpers", "while True:\n    pass", "%%ranks 2\nprint('after the loop')")
-    result = execute(nb, str(tmp_path), Limits(cell_seconds=10, total_seconds=90))
+    result = execute(nb, str(tmp_path), Limits(cell_seconds=30, total_seconds=150))
     assert [c["status"] for c in result.cells] == ["ok", "timeout", "ok"]
     assert result.status == "timeout"
     assert "[rank 1] after the loop" in str(nb.cells[2].outputs)

@@ -1,5 +1,6 @@
 """Execute a graded notebook cell by cell in a fenced kernel, with a per-cell and a total time limit."""
 import dataclasses
+import math
 import threading
 import time
 
@@ -54,12 +55,14 @@ def execute(notebook, workdir, limits):
                             interrupt_on_timeout=True, startup_timeout=60,
                             resources={"metadata": {"path": working_directory(workdir)}})
     result = Execution()
-    deadline = time.monotonic() + limits.total_seconds
     # The per-cell interrupt fails against code that ignores SIGINT: the wall clock kills the session.
     killer = threading.Timer(limits.total_seconds + 5.0, kill_session, args=(km,))
-    killer.start()
+    deadline = math.inf
     try:
         with client.setup_kernel():
+            # The clock starts once the kernel is up: a slow start on a loaded host is not the student's.
+            deadline = time.monotonic() + limits.total_seconds
+            killer.start()
             _run_cells(client, notebook, deadline, limits, result)
     except DeadKernelError:
         result.status = _worst(result.status, "timeout" if time.monotonic() >= deadline else "dead_kernel")
@@ -83,7 +86,8 @@ def _run_cells(client, notebook, deadline, limits, result):
             result.cells.append({"index": index, "kind": cell.metadata.get("dp_course_kind"),
                                  "status": "skipped", "seconds": 0.0})
             continue
-        client.timeout = max(1, int(min(limits.cell_seconds, remaining)))  # nbclient takes whole seconds
+        # nbclient takes whole seconds; round up so the last cell runs until the deadline, not short of it.
+        client.timeout = max(1, math.ceil(min(limits.cell_seconds, remaining)))
         start = time.monotonic()
         try:
             client.execute_cell(cell, index)

@@ -1,12 +1,23 @@
-"""Every lab: labs/ is generated from solutions/, solutions pass all checks, labs run to the end."""
+"""Every lab: labs/ is generated from solutions/, solutions pass all checks, labs run to the end.
+
+The same two runs also exercise the lab's hidden tests (probes): each notebook runs with the grader's probe
+cells spliced in after its answers (helpers.grading.assemble), so the solution must give every probe a value,
+the same value twice (a probe that depends on global state would grade unfairly), and the student version
+must leave every probe "not implemented". One real lab goes through the whole grader in
+tests/grading/test_self_grade.py; running the grader's three kernels for every lab cost minutes of CI.
+"""
 import pathlib
+import secrets
 
 import nbformat
 import papermill
 import pytest
 
+from helpers.grading import probes as probe_files
+from helpers.grading.assemble import assemble, probe_source, probe_values
 from helpers.grading.check import MIMETYPE
 from helpers.grading.labgen import ROOT, stale_labs, student_source
+from helpers.grading.plain import compare
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "artifacts"
@@ -21,13 +32,49 @@ def questions_of(path):
     return found
 
 
-def execute(path, kind):
+def with_probes(path, repeat):
+    """(notebook at path with probe cells after its answers, probes, [(question, nonce)]): each probe `repeat` times."""
+    lab = path.name[:2]
+    setup, probes = probe_files.load(lab)
+    released = nbformat.read(ROOT / "labs" / path.name, as_version=4)
+    notebook, nonces, missing = assemble(released, nbformat.read(path, as_version=4), setup, probes)
+    assert not missing, f"{path.name}: no answer cell found for {missing}"
+    calls = list(nonces.items())
+    for index in reversed(range(len(notebook.cells))):  # a second probe cell right after the first
+        cell = notebook.cells[index]
+        question = next((q for q, n in nonces.items() if cell.metadata.get("dp_course_kind") == "probe"
+                         and repr(n) in cell.source), None)
+        for _ in range(repeat - 1 if question else 0):
+            nonce = secrets.token_hex(8)
+            mine = [p for p in probes if p.question == question]
+            again = nbformat.v4.new_code_cell(probe_source(question, setup, mine, nonce))
+            again.metadata["dp_course_kind"] = "probe"
+            notebook.cells.insert(index + 1, again)
+            calls.append((question, nonce))
+    return notebook, probes, calls
+
+
+def execute(notebook, name, kind):
     """Run a notebook with papermill (its parameters cell as committed: the CI sizes); keep the copy."""
-    out = ARTIFACTS / kind / path.name
+    source = ARTIFACTS / kind / f"{name}.in.ipynb"
+    out = ARTIFACTS / kind / name
     out.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(str(path), str(out), kernel_name="python3", cwd=str(path.parent),
+    nbformat.write(notebook, source)
+    papermill.execute_notebook(str(source), str(out), kernel_name="python3", cwd=str(ROOT / kind),
                                progress_bar=False, execution_timeout=300)
     return nbformat.read(out, as_version=4)
+
+
+def probe_runs(executed, probes, calls):
+    """{(question, probe name): [result of each run]}; every run of a probe must have displayed a result."""
+    found = {}
+    for question, nonce in calls:
+        values = probe_values(executed, question, nonce)
+        assert values, f"probe cell of {question} displayed nothing (did it fail?)"
+        for name, result in values.items():
+            found.setdefault((question, name), []).append(result)
+    assert set(found) == {(p.question, p.name) for p in probes}, "every probe must have run"
+    return found
 
 
 def check_results(notebook):
@@ -53,20 +100,36 @@ def test_solutions_are_committed_clean():
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
-def test_solution_passes_every_check(path):
-    results = check_results(execute(path, "solutions"))
+def test_solution_passes_every_check_and_gives_every_probe_a_stable_value(path):
+    notebook, probes, calls = with_probes(path, repeat=2)
+    executed = execute(notebook, path.name, "solutions")
+    results = check_results(executed)
     assert set(results) == set(questions_of(path)), "every question needs a check() cell"
     for question, runs in results.items():
         for run in runs:
             assert run["total"] > 0 and run["passed"] == run["total"], f"{question}: {run['lines']}"
+    by_name = {(p.question, p.name): p for p in probes}
+    for key, (first, second) in probe_runs(executed, probes, calls).items():
+        assert "value" in first, f"probe {key} fails on the solution: {first.get('error')}"
+        ok, message = compare(first["value"], second.get("value"), by_name[key].rtol, by_name[key].atol)
+        assert ok, f"probe {key} gives another value when run again ({message}): it must not depend on state"
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_student_lab_runs_to_the_end_not_implemented(path):
-    lab = ROOT / "labs" / path.name
-    results = check_results(execute(lab, "labs"))
+    notebook, probes, calls = with_probes(ROOT / "labs" / path.name, repeat=1)
+    executed = execute(notebook, path.name, "labs")
+    results = check_results(executed)
     assert set(results) == set(questions_of(path))
     for question, runs in results.items():
         for run in runs:
             assert run["not_implemented"] == run["total"] > 0, f"{question}: {run['lines']}"
+    for key, (result,) in probe_runs(executed, probes, calls).items():
+        assert result.get("error") == "not implemented", f"probe {key} on the student version: {result}"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_every_lab_has_hidden_tests_for_every_question(path):
+    _, probes = probe_files.load(path.name[:2])
+    assert {p.question for p in probes} == set(questions_of(path))

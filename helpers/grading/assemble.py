@@ -13,6 +13,7 @@ import nbformat
 
 from helpers.grading.probe_runtime import PROBE_MIMETYPE
 _DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
+_CHECK = re.compile(r"""check\(\s*["'][\w.]+["']\s*,\s*globals\(\)\s*\)""")
 
 
 def answer_questions(cell):
@@ -22,7 +23,7 @@ def answer_questions(cell):
 
 def _is_check(cell):
     """A public check cell: it only reports, so grading skips it (probes do the grading)."""
-    return cell.cell_type == "code" and re.fullmatch(r"check\([^()]*\)", cell.source.strip()) is not None
+    return cell.cell_type == "code" and _CHECK.fullmatch(cell.source.strip()) is not None
 
 
 def find_answer(released_cell, submission):
@@ -50,7 +51,9 @@ def assemble(released, submission, setup, probes):
     """(graded notebook, {question: nonce}, [questions whose answer cell was not found])."""
     graded = nbformat.v4.new_notebook(metadata=released.metadata)
     nonces, missing = {}, []
-    for cell in released.cells:
+    # A question may span several answer cells (two functions): probe it once, after its last one.
+    last_cell = {q: i for i, cell in enumerate(released.cells) for q in answer_questions(cell)}
+    for index, cell in enumerate(released.cells):
         questions = answer_questions(cell)
         copy = nbformat.from_dict(json.loads(json.dumps(cell)))
         if questions:
@@ -61,7 +64,7 @@ def assemble(released, submission, setup, probes):
                 copy.source = source
         copy.metadata["dp_course_kind"] = "answer" if questions else "check" if _is_check(cell) else "lab"
         graded.cells.append(copy)
-        for question in questions:
+        for question in (q for q in questions if last_cell[q] == index):
             mine = [p for p in probes if p.question == question]
             if mine:
                 nonces[question] = secrets.token_hex(8)

@@ -1,4 +1,9 @@
-"""Every lab graded by the real grader: its solution scores full marks, its student version 0."""
+"""A real lab through the whole grader: its solution scores full marks, its student version 0.
+
+Every lab's probes run in tests/test_labs.py (on the solution: a stable value each; on the student version: not
+implemented), inside the papermill runs it makes anyway. Grading costs three sandboxed kernels per lab, so the
+full path runs here for one lab; the fixture lab in test_grade_fixture.py covers adversarial submissions.
+"""
 import csv
 import shutil
 
@@ -7,7 +12,7 @@ import pytest
 from helpers.grading import grade as grading
 from helpers.grading.labgen import ROOT
 
-LABS = sorted(p.stem.removeprefix("lab") for p in (ROOT / "helpers/grading/probes").glob("lab[0-9][0-9].py"))
+LABS = ["03"]  # manual DDP: multi-rank probes, a training loop; the lab `make bench-grading` times
 
 
 @pytest.mark.timeout(600)

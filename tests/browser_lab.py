@@ -1,0 +1,212 @@
+"""JupyterLab and headless Chromium for tests/test_browser.py: start, drive a notebook, stop everything.
+
+The server runs from this venv on a free loopback port with a random token, in Jupyter directories of
+its own (no user settings, workspaces or kernelspecs), on copies of the notebooks. Every process it
+starts (server, kernels, their ranks) carries a marker in its environment, so teardown can find them
+all, even the ones a dead parent left behind, and kill exactly those.
+"""
+import json
+import os
+import pathlib
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import nbformat
+
+# Settings a person would also choose: no news or update pop-ups; every cell in the DOM (the default
+# "contentVisibility" windowing leaves far-away cells unrendered, which hides outputs from the page).
+USER_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+        {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+}
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# The notebook on screen (other tabs' panels stay in the DOM, hidden).
+NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+# The kernel's busy prompt; a finished cell shows a number, "[12]:".
+BUSY_PROMPT = "[*]:"
+
+
+def free_port():
+    """A loopback port nobody listens on right now (bound to port 0, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def copy_clean(notebook, dest_dir):
+    """Copy a notebook without outputs, execution counts or saved widget state: what the page then
+    shows was produced in this run."""
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, pathlib.Path(dest_dir) / pathlib.Path(notebook).name)
+
+
+class Lab:
+    """`jupyter lab` serving root_dir; state (config, data, runtime, settings) lives under home."""
+
+    def __init__(self, root_dir, home):
+        self.root_dir, self.home = pathlib.Path(root_dir), pathlib.Path(home)
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        self.marker = f"dp-course-browser-{secrets.token_hex(8)}"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self, timeout=60.0):
+        config = self.home / "config"
+        # news_url=None turns the news feed off; it cannot be given on the command line.
+        (config / "jupyter_server_config.json").parent.mkdir(parents=True, exist_ok=True)
+        (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {"news_url": None}}))
+        for name, values in USER_SETTINGS.items():
+            path = config / "lab" / "user-settings" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+        env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config),
+                   JUPYTER_DATA_DIR=str(self.home / "data"),
+                   JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
+                   IPYTHONDIR=str(self.home / "ipython"),
+                   DP_COURSE_BROWSER_TEST=self.marker)
+        env.pop("JUPYTERLAB_SETTINGS_DIR", None)
+        env.pop("JUPYTERLAB_WORKSPACES_DIR", None)
+        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+               f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+               f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+               "--LabApp.extension_manager=readonly", "--ServerApp.terminals_enabled=False",
+               "--ServerApp.allow_root=True"]  # CI runs as root
+        self.log = open(self.home / "server.log", "w")
+        # Own process group for the server; kernels start sessions of their own (jupyter_client does
+        # that), which is why stop() finds them by the environment marker.
+        self.proc = subprocess.Popen(cmd, cwd=self.root_dir, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                with urllib.request.urlopen(self.api("status"), timeout=2) as reply:
+                    if reply.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.25)
+        raise RuntimeError(f"jupyter lab did not answer within {timeout:.0f} s:\n{self.log_text()}")
+
+    def api(self, path):
+        return f"{self.url}/api/{path}?token={self.token}"
+
+    def notebook_url(self, name):
+        # reset: start from an empty workspace, not reopen the notebooks of the previous page
+        return f"{self.url}/lab/tree/{name}?reset&token={self.token}"
+
+    def shutdown_kernels(self):
+        """Shut down every running kernel (DELETE /api/kernels/<id>), as Kernel > Shut Down does."""
+        with urllib.request.urlopen(self.api("kernels"), timeout=10) as reply:
+            kernels = json.load(reply)
+        for kernel in kernels:
+            request = urllib.request.Request(self.api(f"kernels/{kernel['id']}"), method="DELETE")
+            urllib.request.urlopen(request, timeout=30).close()
+
+    def log_text(self):
+        return (self.home / "server.log").read_text(errors="replace")[-4000:]
+
+    def processes(self):
+        """Pids of live processes started by this server (itself, kernels, ranks), by the marker."""
+        needle = f"DP_COURSE_BROWSER_TEST={self.marker}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{entry}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue
+            except OSError:
+                continue
+            found.append(int(entry))
+        return found
+
+    def stop(self, timeout=15.0):
+        """SIGTERM the server's group (it shuts its kernels down), then SIGKILL whatever carries the
+        marker. Returns the pids that had to be killed (empty when the shutdown was clean)."""
+        if self.proc is None:
+            return []
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (self.proc.poll() is None or self.processes()):
+            time.sleep(0.2)
+        leftovers = self.processes()
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.wait(5)
+        self.log.close()
+        return leftovers
+
+
+def launch_chromium(playwright, executable, user_data_dir):
+    """Headless Chromium with a fresh profile, nothing phoning home."""
+    return playwright.chromium.launch_persistent_context(
+        user_data_dir=str(user_data_dir), executable_path=executable, headless=True,
+        args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+
+
+def open_notebook(page, lab, name, timeout_ms=60_000):
+    """Open a notebook and wait until its kernel is connected and idle."""
+    # The status indicator says "idle" before the kernel exists; it is true only once the kernel's
+    # websocket has opened (initializing -> connecting -> idle). Run All before that does nothing.
+    with page.expect_websocket(lambda ws: "/api/kernels/" in ws.url, timeout=timeout_ms):
+        page.goto(lab.notebook_url(name))
+    idle = page.locator(f"{NOTEBOOK} .jp-Notebook-ExecutionIndicator[data-status='idle']")
+    idle.wait_for(timeout=timeout_ms)
+
+
+def run_all_cells(page):
+    """Run > Run All Cells, through the menu bar as a person would."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+def prompts(page):
+    """Every code cell's input prompt text in order, e.g. ['[1]:', '[*]:', '[ ]:']."""
+    return page.locator(f"{NOTEBOOK} .jp-CodeCell .jp-InputPrompt").all_inner_texts()
+
+
+def wait_until_run(page, timeout_s):
+    """Wait until the run has finished: the last code cell has a count, or a cell failed and nothing
+    is queued any more. Returns the prompts."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        texts = [t.strip() for t in prompts(page)]
+        if texts and BUSY_PROMPT not in texts and (re.fullmatch(r"\[\d+\]:", texts[-1])
+                                                    or error_texts(page)):
+            return texts
+        page.wait_for_timeout(500)
+    raise TimeoutError(f"cells still running after {timeout_s:.0f} s: {prompts(page)}")
+
+
+def error_texts(page):
+    """Text of every output that is an error (a traceback or `SomethingError: ...` on stderr)."""
+    stderr = page.locator(
+        f"{NOTEBOOK} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    return [t for t in stderr.all_inner_texts()
+            if "Traceback" in t or re.search(r"^\w*(Error|Exception)\b", t, re.M)]

@@ -1,0 +1,137 @@
+"""The course in a real browser: JupyterLab in headless Chromium runs chapter 00 and the appendix.
+
+What a student sees, checked in the page: `%%ranks` prints one line per rank, the memory calculator
+renders and its total follows its controls, and no cell fails. Screenshots go to artifacts/browser/.
+Skips (never fails) without Chromium or the playwright package; DP_COURSE_CHROMIUM picks the browser.
+"""
+import os
+import pathlib
+import re
+
+import nbformat
+import pytest
+
+from tests.browser_lab import (NOTEBOOK, Lab, copy_clean, error_texts, launch_chromium,
+                               open_notebook, run_all_cells, wait_until_run)
+
+CHROMIUM = os.environ.get("DP_COURSE_CHROMIUM", "/usr/bin/chromium")
+if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+    pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (or set DP_COURSE_CHROMIUM)",
+                allow_module_level=True)
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:
+    pytest.skip("playwright is not installed: pip install -e '.[dev]'", allow_module_level=True)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts" / "browser"
+CHAPTER_00 = ROOT / "chapters" / "00_first_distributed_program.ipynb"
+APPENDIX = ROOT / "chapters" / "99_appendix_instruments.ipynb"  # holds the MemoryCalculator
+RUN_TIMEOUT_S = 180  # a whole notebook on 2 loaded cores; chapter 00 alone takes ~20 s
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab serving clean copies of the two notebooks; stopped with every process it started."""
+    root = tmp_path_factory.mktemp("notebooks")
+    for notebook in (CHAPTER_00, APPENDIX):
+        copy_clean(notebook, root)
+    server = Lab(root, tmp_path_factory.mktemp("jupyter"))
+    try:
+        yield server.start()
+    finally:
+        leftovers = server.stop()
+        assert not leftovers, f"processes outlived the server's shutdown (killed): {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def browser(lab, tmp_path_factory):
+    """Headless Chromium with a fresh profile, closed at the end."""
+    with sync_playwright() as playwright:
+        context = launch_chromium(playwright, CHROMIUM, tmp_path_factory.mktemp("chromium-profile"))
+        context.set_default_timeout(30_000)  # a click or a locator; generous on 2 loaded cores
+        expect.set_options(timeout=30_000)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def page(browser, lab, request):
+    """A fresh tab; a screenshot of it when the test failed; its kernels shut down afterwards."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    failed_before = request.session.testsfailed
+    tab = browser.new_page()
+    try:
+        yield tab
+    finally:
+        if request.session.testsfailed > failed_before:
+            tab.screenshot(path=ARTIFACTS / f"{request.node.name}_failed.png")
+        tab.close()
+        lab.shutdown_kernels()  # one notebook's ranks at a time on 2 cores
+
+
+def run_notebook(page, lab, name):
+    """Open a notebook, Run All Cells, wait for the end; assert no cell failed and every cell ran."""
+    open_notebook(page, lab, name)
+    run_all_cells(page)
+    done = wait_until_run(page, RUN_TIMEOUT_S)
+    assert error_texts(page) == [], f"{name}: a cell failed"
+    assert all(re.fullmatch(r"\[\d+\]:", p) for p in done), f"{name}: cells not run: {done}"
+
+
+def code_cell(page, starting_with):
+    """The code cell whose source starts with the given text."""
+    source = re.compile("^" + re.escape(starting_with))
+    editor = page.locator(".cm-content", has_text=source)
+    return page.locator(f"{NOTEBOOK} .jp-CodeCell").filter(has=editor)
+
+
+def test_chapter_00_ranks_cell(page, lab):
+    run_notebook(page, lab, CHAPTER_00.name)
+    cell = code_cell(page, "%%ranks")
+    expect(cell).to_have_count(1)
+    # The parameters cell sets WORLD_SIZE; the %%ranks cell prints one hello per rank, prefixed.
+    sources = "\n".join(c.source for c in nbformat.read(CHAPTER_00, as_version=4).cells)
+    world_size = int(re.search(r"^WORLD_SIZE = (\d+)", sources, re.M).group(1))
+    output = cell.locator(".jp-OutputArea").inner_text()
+    for rank in range(world_size):
+        assert f"[rank {rank}] hello from rank {rank} of {world_size}" in output, output
+    assert f"[rank {world_size}]" not in output
+    cell.scroll_into_view_if_needed()
+    page.screenshot(path=ARTIFACTS / "00_ranks_cell.png")
+
+
+def total_gb(label_text):
+    """The selected strategy's total from the calculator's label, e.g. 'ZeRO-3: 1.88 GB per device'."""
+    return float(re.search(r": ([\d.]+) GB per device", label_text).group(1))
+
+
+def test_memory_calculator_widget(page, lab):
+    run_notebook(page, lab, APPENDIX.name)
+    cell = code_cell(page, "from helpers.widgets import MemoryCalculator")
+    widget = cell.locator(".jp-OutputArea .widget-vbox").first
+    expect(widget).to_be_visible()
+    expect(widget.locator("select")).not_to_have_count(0)         # the strategy, convention, ...
+    image = widget.locator("img")
+    expect(image).to_have_count(1)                                # the bars, a PNG
+    total = widget.locator(".widget-label", has_text="GB per device")
+    expect(total).to_have_count(1)
+    widget.scroll_into_view_if_needed()
+    page.screenshot(path=ARTIFACTS / "99_calculator.png")
+
+    # Twice the parameters: every strategy's model state doubles, so must the total shown.
+    params = widget.locator(".widget-text", has_text="parameters (billions)").locator("input")
+    before_text, before_image = total.inner_text(), image.get_attribute("src")
+    before, before_params = total_gb(before_text), float(params.input_value())
+    params.fill(f"{2 * before_params:g}")
+    params.press("Enter")  # BoundedFloatText sends its value on Enter or blur
+    expect(total).not_to_have_text(before_text)
+    after = total_gb(total.inner_text())
+    assert after == pytest.approx(2 * before, abs=0.02), (before, after)
+    expect(image).not_to_have_attribute("src", before_image)      # the bars were redrawn too
+    image.evaluate("img => img.decode()")                         # ... and are on screen
+    page.screenshot(path=ARTIFACTS / "99_calculator_changed.png")

@@ -10,6 +10,8 @@ STAMP := $(VENV)/.installed
 JUPYTER_ARGS ?=
 # Extra pytest options, e.g. make test PYTEST_ARGS="-x -k launch"
 PYTEST_ARGS ?=
+# pytest workers for make test (pytest-xdist); TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 # Chapters run under nbval here; solutions and student labs run under papermill in tests/test_labs.py,
 # which also asserts each check's result (solutions: all pass; labs: all "not implemented").
 NOTEBOOKS := $(wildcard chapters/*.ipynb)
@@ -42,9 +44,12 @@ $(STAMP): pyproject.toml
 lab: setup
 	$(VENV)/bin/jupyter lab chapters/00_first_distributed_program.ipynb $(JUPYTER_ARGS)
 
+# Two pytest workers: most of a test's time is kernels and ranks starting or waiting, so two at once fill
+# the 2 cores better than one. loadscope keeps a test file (and a notebook's cells, which share one kernel)
+# on one worker, so module fixtures are built once.
 test: setup
-	$(PY) -m pytest tests $(PYTEST_ARGS)
-	$(if $(NOTEBOOKS),$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(NOTEBOOKS) $(PYTEST_ARGS))
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --nbval-lax --nbval-current-env -p no:cacheprovider \
+		tests $(NOTEBOOKS) $(PYTEST_ARGS)
 
 labs: setup
 	$(PY) -m helpers.grading.labgen

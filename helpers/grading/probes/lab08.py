@@ -1,0 +1,125 @@
+"""Hidden tests of lab 08 (ZeRO-3 / FSDP from scratch). Public in this repository: see the README."""
+from helpers.grading.probes import Probe
+
+SETUP = '''
+import torch as _probe_torch
+import torch.distributed as _probe_dist
+from torch import nn as _probe_nn
+from helpers import launch as _probe_launch
+from helpers.comm import CommLedger as _probe_Ledger
+from helpers.grading.checks.lab08 import _ref_init as _probe_ref_init, _ref_unshard as _probe_ref_unshard
+
+
+def _probe_unit():
+    # Nested two levels deep: Linear(2, 5), then (LayerNorm(5), Linear(5, 2)): 37 parameters, a prime.
+    _probe_torch.manual_seed(18)
+    unit = _probe_nn.Sequential(_probe_nn.Linear(2, 5),
+                                _probe_nn.Sequential(_probe_nn.LayerNorm(5), _probe_nn.Linear(5, 2)))
+    with _probe_torch.no_grad():
+        for p in unit.parameters():
+            p.copy_(_probe_torch.randn(p.shape))
+    return unit
+
+
+def _probe_x():
+    return _probe_torch.randn(4, 2, generator=_probe_torch.Generator().manual_seed(81))
+
+
+def _probe_layout(root):
+    module = _probe_unit()
+    if root:                                            # an inner unit first; the root takes the rest
+        module = _probe_nn.Sequential(module, _probe_nn.Linear(2, 3))
+        FlatShard(module[0])
+    unit = FlatShard(module)
+    return {"shard": unit.flat_shard.detach(), "numel": unit.numel, "padded": unit.padded_numel,
+            "numels": list(unit.numels), "shapes": [list(s) for s in unit.shapes],
+            "attrs": [attr for _, attr in unit.param_infos], "flat": [list(unit.flat.shape),
+            unit.flat.untyped_storage().nbytes()], "params": [k for k, _ in module.named_parameters()]}
+
+
+def _probe_unshard():
+    module = _probe_unit()
+    unit = _probe_ref_init(object.__new__(FlatShard), module)
+    unit.unshard()
+    views = [getattr(owner, attr).detach().clone() for owner, attr in unit.param_infos]
+    loss = module(_probe_x()).square().sum()
+    unit.flat.untyped_storage().resize_(0)
+    unit.unshard()
+    loss.backward()
+    return {"views": views, "flat_grad": unit.flat.grad}
+
+
+def _probe_reshard():
+    module = _probe_unit()
+    unit = _probe_ref_init(object.__new__(FlatShard), module)
+    flat = unit.flat
+    _probe_ref_unshard(unit)
+    views = [getattr(owner, attr) for owner, attr in unit.param_infos]
+    loss = module(_probe_x()).square().sum()
+    unit.reshard()
+    freed = [flat.untyped_storage().nbytes(), max(v.untyped_storage().nbytes() for v in views),
+             sum(hasattr(owner, attr) for owner, attr in unit.param_infos)]
+    unit.reshard()
+    _probe_ref_unshard(unit)
+    loss.backward()
+    return {"freed": freed, "flat_grad": flat.grad}
+
+
+def _probe_reduce():
+    rank = _probe_dist.get_rank()
+    unit = _probe_ref_init(object.__new__(FlatShard), _probe_unit())
+    grads = []
+    for call in range(2):
+        g = _probe_torch.randn(unit.padded_numel, generator=_probe_torch.Generator().manual_seed(90 + 7 * call + rank))
+        g[unit.numel:] = 0
+        unit.flat.grad = g
+        with _probe_Ledger() as ledger:
+            unit.reduce_scatter_grads()
+        grads.append(unit.flat_shard.grad.clone())
+    return {"grads": grads, "freed": unit.flat.grad is None, "ops": [r.op for r in ledger.records]}
+
+
+class _probe_Block(_probe_nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.norm, self.down = _probe_nn.Linear(5, 7), _probe_nn.LayerNorm(7), _probe_nn.Linear(7, 5)
+
+    def forward(self, x):
+        return x + self.down(_probe_torch.relu(self.norm(self.up(x))))
+
+
+def _probe_train(steps):
+    rank, n = _probe_dist.get_rank(), _probe_dist.get_world_size()
+    _probe_torch.manual_seed(28)
+    # root parameters before and after the units: the root's unit holds both Linears
+    model = _probe_nn.Sequential(_probe_nn.Linear(3, 5), _probe_nn.Sequential(_probe_Block(), _probe_Block()),
+                                 _probe_nn.Linear(5, 2))
+    g = _probe_torch.Generator().manual_seed(70 + rank)
+    batches = [(_probe_torch.randn(5, 3, generator=g), _probe_torch.randn(5, 2, generator=g)) for _ in range(steps)]
+    units = train_fsdp(model, ["1.0", "1.1"], batches, lr=0.1, momentum=0.5)
+    full = []
+    for module in (model[1][0], model[1][1], model):
+        shard = module.flat_shard.detach()
+        out = shard.new_empty(n * shard.numel())
+        _probe_dist.all_gather_single(out, shard)
+        full.append(out)
+    return {"full": full, "held": sum(u.flat.untyped_storage().nbytes() for u in units)}
+'''
+
+PROBES = [
+    Probe("8.1", "a unit nested two levels deep, 4 ranks", "_probe_launch(_probe_layout, 4, args=(False,), "
+          "hang_timeout=20)", points=2),
+    Probe("8.1", "the root's unit after an inner one, 3 ranks",
+          "_probe_launch(_probe_layout, 3, args=(True,), hang_timeout=20)"),
+    Probe("8.2", "a unit nested two levels deep, 3 ranks", "_probe_launch(_probe_unshard, 3, hang_timeout=20)",
+          points=2),
+    Probe("8.2", "the same unit, 4 ranks", "_probe_launch(_probe_unshard, 4, hang_timeout=20)"),
+    Probe("8.3", "free after a forward, twice, then gather again, 3 ranks",
+          "_probe_launch(_probe_reshard, 3, hang_timeout=20)", points=2),
+    Probe("8.4", "two backward passes, 4 ranks", "_probe_launch(_probe_reduce, 4, hang_timeout=20)", points=2),
+    Probe("8.4", "two backward passes, 2 ranks", "_probe_launch(_probe_reduce, 2, hang_timeout=20)"),
+    Probe("8.5", "root parameters before and after the units, 3 ranks, 3 steps",
+          "_probe_launch(_probe_train, 3, args=(3,), hang_timeout=30)", points=3),
+    Probe("8.5", "the same model, 2 ranks, 2 steps", "_probe_launch(_probe_train, 2, args=(2,), hang_timeout=30)",
+          points=2),
+]

@@ -1,0 +1,221 @@
+"""Lab 08's public checks: the solution passes every one; realistic wrong answers fail, saying why."""
+import sys
+import textwrap
+
+import cloudpickle
+import nbformat
+import pytest
+
+from helpers.grading import check
+from helpers.grading.labgen import ROOT
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
+
+SOLUTION = ROOT / "solutions" / "08_zero_3_fsdp.ipynb"
+TOTALS = {"8.1": 4, "8.2": 3, "8.3": 3, "8.4": 3, "8.5": 4}
+
+
+def solution_namespace(override=""):
+    """The solution's imports, given code and answers exec'd into a fresh namespace; `override` then redefines some."""
+    ns = {"__name__": "lab08_solution"}  # not an importable module: cloudpickle ships the functions by value
+    for cell in nbformat.read(SOLUTION, as_version=4).cells:
+        given = cell.id == "imports" or cell.id.startswith("given")
+        if cell.cell_type == "code" and (given or "### BEGIN SOLUTION" in cell.source):
+            exec(compile(cell.source, f"<solution cell {cell.id}>", "exec"), ns)
+    exec(textwrap.dedent(override), ns)
+    return ns
+
+
+def failed(result):
+    """{check name: reason} of the checks that failed."""
+    out = {}
+    for line in result.lines:
+        if line.startswith("[FAIL]"):
+            name, _, reason = line.split(" ", 2)[2].partition(": ")
+            out[name] = reason
+    return out
+
+
+def assert_fails(result, expected):
+    fails = failed(result)
+    assert set(expected) <= set(fails), (fails, result.lines)
+    for name, message in expected.items():
+        assert message in fails[name], fails[name]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("question", sorted(TOTALS))
+def test_solution_passes(question):
+    result = check(question, solution_namespace())
+    assert result.total == TOTALS[question] and result.passed == result.total, result.lines
+
+
+# Each wrong answer redefines one piece of the solution (a method is attached again to FlatShard); the solution's
+# reduce_scatter_grads stays reachable as _solution_reduce_scatter_grads.
+WRONG = {
+    "8.1 torch.tensor_split instead of padding (unequal shards)": ("8.1", """
+        _init = FlatShard.__init__
+
+        def __init__(self, module):
+            flat = torch.cat([p.detach().reshape(-1) for k, p in module.named_parameters() if "flat_shard" not in k])
+            _init(self, module)
+            self.flat_shard.data = torch.tensor_split(flat, dist.get_world_size())[dist.get_rank()].clone()
+
+        FlatShard.__init__ = __init__
+        """, {"shard_is_this_ranks_piece_of_the_padded_flat": "flat_shard is (15,); expected (16,)"}),
+    "8.1 the shard is a view of the full buffer": ("8.1", """
+        _init = FlatShard.__init__
+
+        def __init__(self, module):
+            _init(self, module)
+            full = torch.zeros(self.padded_numel)
+            size = self.padded_numel // dist.get_world_size()
+            full[dist.get_rank() * size : (dist.get_rank() + 1) * size] = self.flat_shard.detach()
+            self.flat_shard.data = full[dist.get_rank() * size : (dist.get_rank() + 1) * size]
+
+        FlatShard.__init__ = __init__
+        """, {"the_shard_is_the_units_only_parameter": "storage holds 192 bytes; expected 4 x 16"}),
+    "8.1 the root takes the inner units' flat_shard too": ("8.1", """
+        _init = FlatShard.__init__
+
+        def __init__(self, module):
+            for name, p in list(module.named_parameters()):
+                if name.endswith(".flat_shard"):    # rename it, so that the solution does not skip it
+                    owner = module.get_submodule(name.rpartition(".")[0])
+                    del owner._parameters["flat_shard"]
+                    owner.register_parameter("shard", p)
+            _init(self, module)
+
+        FlatShard.__init__ = __init__
+        """, {"layout_recorded_in_named_parameters_order": "root unit (8 parameters), rank 0 of 3: (numel, "
+                                                         "param_infos as names, shapes, numels, padded_numel) is "
+                                                         "(24, ['0.shard', '1.weight', '1.bias']"}),
+    "8.2 the shards gathered in reverse order": ("8.2", """
+        @add_to_class(FlatShard)
+        def unshard(self):
+            self.flat.untyped_storage().resize_(self.padded_numel * self.flat.element_size())
+            pieces = list(self.flat.data.chunk(dist.get_world_size()))
+            dist.all_gather(pieces[::-1], self.flat_shard.data)
+            views = self.flat.split(self.numels + [self.padded_numel - self.numel])
+            for (owner, attr), view, shape in zip(self.param_infos, views, self.shapes):
+                setattr(owner, attr, view.view(shape))
+        """, {"views_equal_the_original_parameters": "block unit (47 parameters), rank 0 of 3: after unshard, "
+                                                     "0.weight is [-0.4938, 0.4878, 1.9632, -0.1642]; expected "
+                                                     "flat[0:20] shaped (4, 5), starting [0.141, 1.0241"}),
+    "8.2 views split without the padding": ("8.2", """
+        @add_to_class(FlatShard)
+        def unshard(self):
+            self.flat.untyped_storage().resize_(self.padded_numel * self.flat.element_size())
+            dist.all_gather_single(self.flat.data, self.flat_shard.data)
+            for (owner, attr), view, shape in zip(self.param_infos, self.flat.split(self.numels), self.shapes):
+                setattr(owner, attr, view.view(shape))
+        """, {"views_equal_the_original_parameters": "split_with_sizes expects split_sizes to sum exactly to 48"}),
+    "8.2 gathered in place into flat (autograd's version counter)": ("8.2", """
+        @add_to_class(FlatShard)
+        def unshard(self):
+            self.flat.untyped_storage().resize_(self.padded_numel * self.flat.element_size())
+            with torch.no_grad():
+                dist.all_gather_single(self.flat, self.flat_shard)
+            views = self.flat.split(self.numels + [self.padded_numel - self.numel])
+            for (owner, attr), view, shape in zip(self.param_infos, views, self.shapes):
+                setattr(owner, attr, view.view(shape))
+        """, {"gradients_reach_flat_grad_after_a_second_unshard": "Write the gathered values through self.flat.data"}),
+    "8.3 references dropped, storage kept (frees nothing)": ("8.3", """
+        @add_to_class(FlatShard)
+        def reshard(self):
+            for owner, attr in self.param_infos:
+                owner.__dict__.pop(attr, None)
+        """, {"frees_the_full_parameters": "after reshard, self.flat holds 192 bytes and the views autograd saved "
+                                           "for backward 192"}),
+    "8.3 a fresh flat instead of resizing": ("8.3", """
+        @add_to_class(FlatShard)
+        def reshard(self):
+            self.flat = torch.zeros(self.padded_numel, requires_grad=True)
+            self.flat.untyped_storage().resize_(0)
+            for owner, attr in self.param_infos:
+                owner.__dict__.pop(attr, None)
+        """, {"frees_the_full_parameters": "views autograd saved for backward 192",
+              "keeps_flat_for_the_next_unshard": "self.flat still the same tensor: False"}),
+    "8.3 the views left on the modules": ("8.3", """
+        @add_to_class(FlatShard)
+        def reshard(self):
+            self.flat.untyped_storage().resize_(0)
+        """, {"removes_the_views_from_the_modules": "after reshard the modules still have ['0.weight', '0.bias'"}),
+    "8.3 delattr without looking": ("8.3", """
+        @add_to_class(FlatShard)
+        def reshard(self):
+            self.flat.untyped_storage().resize_(0)
+            for owner, attr in self.param_infos:
+                delattr(owner, attr)
+        """, {"removes_the_views_from_the_modules": 'reshard raised ["before any unshard: AttributeError'}),
+    "8.4 the sum, not the mean": ("8.4", """
+        @add_to_class(FlatShard)
+        def reduce_scatter_grads(self):
+            self.flat.grad.mul_(dist.get_world_size())
+            _solution_reduce_scatter_grads(self)
+        """, {"shard_of_the_mean_gradient_accumulated": "is the SUM over the 3 ranks: divide by the world size"}),
+    "8.4 overwrites instead of accumulating": ("8.4", """
+        @add_to_class(FlatShard)
+        def reduce_scatter_grads(self):
+            self.flat_shard.grad = None
+            _solution_reduce_scatter_grads(self)
+        """, {"shard_of_the_mean_gradient_accumulated": "should be the sum of both mean shards"}),
+    "8.4 all-reduce, then slice; flat.grad kept": ("8.4", """
+        @add_to_class(FlatShard)
+        def reduce_scatter_grads(self):
+            size = self.padded_numel // dist.get_world_size()
+            grad = self.flat.grad.clone()
+            dist.all_reduce(grad)
+            shard = grad[dist.get_rank() * size : (dist.get_rank() + 1) * size] / dist.get_world_size()
+            self.flat_shard.grad = shard if self.flat_shard.grad is None else self.flat_shard.grad + shard
+        """, {"one_reduce_scatter_of_the_padded_gradient": "the ledger shows [('all_reduce', 192)]",
+              "frees_the_full_gradient": "expected only the shard's 4 x 16"}),
+    "8.5 the optimizer built before sharding": ("8.5", """
+        def train_fsdp(model, unit_names, batches, *, lr, momentum):
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+            units = [FlatShard(model.get_submodule(name)) for name in unit_names] + [FlatShard(model)]
+            for unit in units:
+                unit.register_hooks()
+            for x, y in batches:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+            return units
+        """, {"equals_torch_ddp_with_sgd": "differs from torch DDP + SGD(lr=0.05, momentum=0.9)"}),
+    "8.5 no root unit (the head stays replicated, never averaged)": ("8.5", """
+        def train_fsdp(model, unit_names, batches, *, lr, momentum):
+            units = [FlatShard(model.get_submodule(name)) for name in unit_names]
+            for unit in units:
+                unit.register_hooks()
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+            for x, y in batches:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+            return units
+        """, {"identical_on_every_rank_despite_different_data": "N=2: the root module has no flat_shard"}),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", WRONG)
+def test_wrong_answers_fail(name):
+    question, override, expected = WRONG[name]
+    ns = solution_namespace("_solution_reduce_scatter_grads = FlatShard.reduce_scatter_grads\n")
+    exec(textwrap.dedent(override), ns)
+    result = check(question, ns)
+    assert_fails(result, expected)
+    if name.startswith("8.5 the optimizer"):
+        # the final all-gather makes the ranks identical anyway: only the comparison with DDP catches it
+        assert "identical_on_every_rank_despite_different_data" not in failed(result)
+
+
+@pytest.mark.timeout(180)
+def test_not_implemented_on_ranks_reports_todo():
+    ns = solution_namespace("""
+        @add_to_class(FlatShard)
+        def reshard(self):
+            raise NotImplementedError("lab 8.3")
+        """)
+    result = check("8.3", ns)
+    assert result.not_implemented == result.total == TOTALS["8.3"], result.lines

@@ -1,0 +1,104 @@
+"""Hidden tests of lab 09 (a strategy for a memory budget). Public in this repository: see the README."""
+from helpers.grading.probes import Probe
+
+SETUP = '''
+import torch as _probe_torch
+import torch.distributed as _probe_dist
+import torch.nn.functional as _probe_F
+from torch import nn as _probe_nn
+from helpers import launch as _probe_launch
+from helpers.comm import CommLedger as _probe_Ledger
+
+
+class _probe_Cell(_probe_nn.Module):
+    # Another block type than the public checks': a residual MLP 7 -> 9 -> 7 (odd widths: padded shards).
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = _probe_nn.Linear(7, 9), _probe_nn.Linear(9, 7)
+
+    def forward(self, x):
+        return x + self.down(_probe_torch.tanh(self.up(x)))
+
+
+class _probe_Model(_probe_nn.Module):
+    # Blocks in two containers, and root parameters between them.
+    def __init__(self):
+        super().__init__()
+        self.inp = _probe_nn.Linear(4, 7)
+        self.encoder = _probe_nn.ModuleList([_probe_Cell(), _probe_Cell()])
+        self.mid = _probe_nn.Linear(7, 7)
+        self.decoder = _probe_nn.ModuleList([_probe_Cell()])
+        self.out = _probe_nn.Linear(7, 2)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for cell in self.encoder:
+            x = cell(x)
+        x = self.mid(x)
+        for cell in self.decoder:
+            x = cell(x)
+        return self.out(x)
+
+
+def _probe_make():
+    _probe_torch.manual_seed(5)
+    return _probe_Model()
+
+
+def _probe_batches(steps):
+    g = _probe_torch.Generator().manual_seed(70 + _probe_dist.get_rank())
+    return [(_probe_torch.randn(5, 4, generator=g), _probe_torch.randn(5, 2, generator=g)) for _ in range(steps)]
+
+
+def _probe_apply(strategies):
+    # Per strategy: collective calls and payload bytes of forward + backward, per phase, on rank 0's ledger.
+    from torch.distributed.device_mesh import init_device_mesh
+    n = _probe_dist.get_world_size()
+    x, y = _probe_batches(1)[0]
+    out = {}
+    for strategy in strategies:
+        shape = (2, n // 2) if strategy == "hybrid_shard" else (n,)
+        names = ("replicate", "shard") if strategy == "hybrid_shard" else None
+        model = apply_strategy(_probe_make(), init_device_mesh("cpu", shape, mesh_dim_names=names), strategy, (_probe_Cell,))
+        summary = {}
+        with _probe_Ledger() as ledger:
+            with ledger.tag("forward"):
+                loss = _probe_F.mse_loss(model(x), y)
+            with ledger.tag("backward"):
+                loss.backward()
+        for r in ledger.records:
+            key = f"{r.label} {r.op} over {r.group_size}"
+            calls, nbytes = summary.get(key, (0, 0))
+            summary[key] = (calls + 1, nbytes + r.payload_bytes)
+        out[strategy] = {k: list(v) for k, v in sorted(summary.items())}
+    return out
+
+
+def _probe_train(budget):
+    result = train_within_budget(_probe_make, _probe_batches(2), budget, lr=0.02, block_types=(_probe_Cell,))
+    comm = {op: t["payload_bytes"] for op, t in sorted(result["comm"].items())}
+    return {"strategy": result["strategy"], "within_budget": result["state_bytes"]["total"] <= budget,
+            "comm": comm, "params": [p.float() for p in result["params"]]}
+
+
+_probe_PSI = sum(p.numel() for p in _probe_make().parameters())
+'''
+
+PROBES = [
+    Probe("9.1", "six models on 64 ranks, 80 GB, groups of 8",
+          "[choose_strategy(b * 1e9, 64, 80e9, group_size=8) for b in (1, 4, 10, 38, 60, 400)]"),
+    Probe("9.1", "fp32 Adam on 3 ranks, budgets around each threshold",
+          "[choose_strategy(1000, 3, b, k=8, param_bytes=4, grad_bytes=4) for b in (16000, 15999, 8000, 5334, 5333)]"),
+    Probe("9.1", "one rank: nothing to send, DDP", "choose_strategy(1e6, 1, 2e7)"),
+    Probe("9.1", "groups as large as the world, no group",
+          "[choose_strategy(5e9, 16, 10e9, group_size=16), choose_strategy(5e9, 16, 10e9, group_size=None)]"),
+    Probe("9.2", "3 ranks: DDP, ZeRO-2, FSDP on blocks in two containers",
+          "_probe_launch(_probe_apply, 3, args=(('no_shard', 'shard_grad_op', 'full_shard'),), hang_timeout=20)[0]",
+          points=2),
+    Probe("9.2", "4 ranks: HSDP on a 2 x 2 mesh",
+          "_probe_launch(_probe_apply, 4, args=(('hybrid_shard',),), hang_timeout=20)[0]", points=2),
+    Probe("9.3", "3 ranks, a budget for ZeRO-2",
+          "_probe_launch(_probe_train, 3, args=(10 * _probe_PSI,), hang_timeout=20)", points=2),
+    Probe("9.3", "2 ranks, a budget for DDP",
+          "_probe_launch(_probe_train, 2, args=(17 * _probe_PSI,), hang_timeout=20)", points=2),
+]

@@ -1,0 +1,114 @@
+"""Lab 09's public checks: the solution passes them; realistic wrong answers fail, saying why."""
+import sys
+import textwrap
+
+import cloudpickle
+import nbformat
+import pytest
+
+from helpers.grading import check
+from helpers.grading.checks import lab09
+from helpers.grading.labgen import ROOT
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
+
+SOLUTION = ROOT / "solutions" / "09_pytorch_fsdp.ipynb"
+
+
+def solution_namespace(override=""):
+    """The solution's imports and answers exec'd into a fresh namespace; `override` then redefines some of them."""
+    ns = {"__name__": "lab09_solution"}  # not an importable module: cloudpickle ships the functions by value
+    for cell in nbformat.read(SOLUTION, as_version=4).cells:
+        if cell.cell_type == "code" and (cell.id in ("lab09-params", "lab09-imports")
+                                         or "### BEGIN SOLUTION" in cell.source):
+            source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+            exec(compile(source, f"<solution cell {cell.id}>", "exec"), ns)
+    exec(textwrap.dedent(override), ns)
+    return ns
+
+
+def fails_with(check_fn, ns, fragment):
+    """check_fn(ns) must raise an AssertionError whose message contains `fragment`."""
+    with pytest.raises(AssertionError) as info:
+        check_fn(ns)
+    assert fragment in str(info.value), str(info.value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("question", ["9.1", "9.2", "9.3"])
+def test_solution_passes(question):
+    result = check(question, solution_namespace())
+    assert result.total > 0 and result.passed == result.total, result.lines
+
+
+def test_reference_rule_agrees_with_the_solution():
+    ns = solution_namespace()
+    for _, args, kwargs in lab09.CHOOSE_CASES:
+        assert ns["choose_strategy"](*args, **kwargs) == lab09.reference_choose(*args, **kwargs)
+
+
+# --- 9.1 -------------------------------------------------------------------------------------------
+
+LEAST_MEMORY = '''
+def choose_strategy(num_params, world_size, memory_budget_bytes, *, group_size=None, k=12, param_bytes=2,
+                    grad_bytes=2):
+    fits = []
+    for s in STRATEGY_ORDER:
+        if s == "hybrid_shard" and group_size is None:
+            continue
+        g = group_size if s == "hybrid_shard" else None
+        m = theory.strategy_memory(num_params, world_size, s, k, param_bytes=param_bytes, grad_bytes=grad_bytes,
+                                   group_size=g)["total"]
+        if m <= memory_budget_bytes:
+            fits.append((m, s))
+    return min(fits)[1] if fits else None
+'''
+
+# The solution with one change: `old` replaced by `new` in its 9.1 answer.
+def choose_with(old, new):
+    cell = next(c for c in nbformat.read(SOLUTION, as_version=4).cells if c.id == "lab09-q1")
+    assert old in cell.source
+    return cell.source.replace(old, new)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    (LEAST_MEMORY, "the strategy with the least memory"),
+    (choose_with('group_size=group, kind="wire")', "group_size=group)"), "the fewest LOGICAL bytes"),
+    (choose_with("if memory > memory_budget_bytes:", "if memory >= memory_budget_bytes:"), "strictly larger"),
+    (choose_with("group_size=group)[\"total\"]", "group_size=group and world_size)[\"total\"]"),
+     "hybrid_shard's memory over all ranks"),
+], ids=["least memory", "logical bytes", "strict <", "hybrid memory over all ranks"])
+def test_wrong_choices_fail(override, fragment):
+    fails_with(lab09.cheapest_strategy_that_fits, solution_namespace(override), fragment)
+
+
+# --- 9.2 and 9.3 (one launch each) -----------------------------------------------------------------
+
+ROOT_LEFT_TO_DEFAULT = '''
+_solution_apply = apply_strategy
+def apply_strategy(model, mesh, strategy, block_types):
+    if strategy != "full_shard":
+        return _solution_apply(model, mesh, strategy, block_types)
+    for module in reversed(list(model.modules())):
+        if isinstance(module, tuple(block_types)) and module is not model:
+            fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    return fully_shard(model, mesh=mesh)              # None: the root stays gathered after forward
+'''
+
+MIXED_PRECISION_BYTES = '''
+_solution_choose = choose_strategy
+def choose_strategy(num_params, world_size, memory_budget_bytes, **convention):
+    return _solution_choose(num_params, world_size, memory_budget_bytes)   # ignores the fp32 Adam bytes
+'''
+
+
+@pytest.mark.timeout(120)
+def test_root_left_to_the_default_fails():
+    fails_with(lab09.ddp_zero2_and_fsdp_on_a_1d_mesh, solution_namespace(ROOT_LEFT_TO_DEFAULT),
+               "the root was not resharded after forward")
+
+
+@pytest.mark.timeout(120)
+def test_the_wrong_byte_convention_fails():
+    fails_with(lab09.fsdp_within_budget_on_3_ranks, solution_namespace(MIXED_PRECISION_BYTES),
+               "expected strategy 'full_shard'")

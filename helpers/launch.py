@@ -10,8 +10,12 @@ script's main module again in every worker.
 import itertools
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.process
+import multiprocessing.util
 import os
+import shutil
 import signal
+import tempfile
 import threading
 
 import cloudpickle
@@ -56,9 +60,26 @@ def runtime():
     return _runtime
 
 
+# The forkserver listens on an AF_UNIX socket in multiprocessing's temp dir, and such paths hold at most
+# 107 bytes (103 on macOS): a long TMPDIR (macOS's /var/folders/..., a grading sandbox, pytest's tmp_path)
+# fails with "AF_UNIX path too long". Above this length we move that temp dir to /tmp.
+_MAX_SOCKET_DIR = 70
+
+
+def _short_socket_dir():
+    """Keep multiprocessing's temp dir short enough for the forkserver's socket path."""
+    if len(multiprocessing.util.get_temp_dir()) <= _MAX_SOCKET_DIR or not os.access("/tmp", os.W_OK):
+        return
+    short = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
+    # multiprocessing keeps no public setter: get_temp_dir() reads this, and ensure_running() calls it.
+    multiprocessing.process.current_process()._config["tempdir"] = short
+
+
 def warm_up():
     """Start the forkserver (if it is not running), so that launches do not pay for importing torch."""
     runtime()
+    _short_socket_dir()
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return

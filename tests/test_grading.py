@@ -100,3 +100,21 @@ def test_rank_not_implemented_counts_as_not_implemented():
         raise RankFailed("rank 0 raised NotImplementedError: lab 3.1", rank=0, exc_type="NotImplementedError")
 
     assert run_one(on_ranks, {}) == ("not implemented", "not implemented yet")
+
+
+def test_shared_run_computes_once_per_key_and_replays_failures():
+    from helpers.grading.shared_run import SharedRun
+    shared, calls = SharedRun(), []
+
+    def compute(value):
+        calls.append(value)
+        if value == "bad":
+            raise RuntimeError("rank 1 failed")
+        return value
+
+    assert shared("1.1", "a", lambda: compute("a")) == shared("1.1", "a", lambda: compute("a")) == "a"
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="rank 1 failed"):
+            shared("1.1", "b", lambda: compute("bad"))
+    assert shared("1.1", "a", lambda: compute("a")) == "a"  # only the latest key is kept: computed again
+    assert calls == ["a", "bad", "a"]

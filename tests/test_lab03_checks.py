@@ -1,33 +1,19 @@
 """Lab 03's public checks: the solution passes every one; realistic wrong answers fail, saying why."""
 import textwrap
 
-import nbformat
 import pytest
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
+from tests import lab_solution
+from tests.lab_solution import failed
 
 SOLUTION = ROOT / "solutions" / "03_manual_ddp.ipynb"
 
 
 def solution_namespace(override=""):
     """The solution's imports and answers exec'd into a fresh namespace; `override` then redefines some of them."""
-    ns = {"__name__": "lab03_solution"}  # not an importable module: cloudpickle ships the functions by value
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.cell_type == "code" and (cell.id == "imports" or "### BEGIN SOLUTION" in cell.source):
-            exec(compile(cell.source, f"<solution cell {cell.id}>", "exec"), ns)
-    exec(textwrap.dedent(override), ns)
-    return ns
-
-
-def failed(result):
-    """{check name: reason} of the checks that failed."""
-    out = {}
-    for line in result.lines:
-        if line.startswith("[FAIL]"):
-            name, _, reason = line.split(" ", 2)[2].partition(": ")
-            out[name] = reason
-    return out
+    return lab_solution.namespace(SOLUTION, lambda cell: cell.id == "imports" or lab_solution.is_answer(cell), override)
 
 
 def test_solution_passes_3_1():

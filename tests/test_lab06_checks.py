@@ -1,10 +1,8 @@
 """Lab 06's public checks: the solution passes every one; realistic wrong answers fail, saying why."""
 import itertools
 import sys
-import textwrap
 
 import cloudpickle
-import nbformat
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from helpers.grading import check
 from helpers.grading.checks import lab06
 from helpers.grading.labgen import ROOT
 from helpers.grading.probes import load
+from tests import lab_solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
 
@@ -21,30 +20,11 @@ ANSWER_CELLS = ("imports", "q61", "q62", "q63-block", "q63", "q64")
 
 def solution_namespace(override=""):
     """The solution's imports and answers exec'd into a fresh namespace; `override` then redefines some of them."""
-    ns = {"__name__": "lab06_solution"}  # not an importable module: cloudpickle ships the functions by value
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.cell_type == "code" and cell.id in ANSWER_CELLS:
-            source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
-            exec(compile(source, f"<solution cell {cell.id}>", "exec"), ns)
-    exec(textwrap.dedent(override), ns)
-    return ns
-
-
-def failed(result):
-    """{check name: reason} of the checks that failed."""
-    out = {}
-    for line in result.lines:
-        if line.startswith("[FAIL]"):
-            name, _, reason = line.split(" ", 2)[2].partition(": ")
-            out[name] = reason
-    return out
+    return lab_solution.namespace(SOLUTION, lambda cell: cell.id in ANSWER_CELLS, override)
 
 
 def assert_fails(question, override, expected):
-    fails = failed(check(question, solution_namespace(override)))
-    assert set(expected) <= set(fails), fails
-    for name, message in expected.items():
-        assert message in fails[name], fails[name]
+    lab_solution.assert_fails(check(question, solution_namespace(override)), expected)
 
 
 @pytest.mark.parametrize("question, total", [("6.1", 4), ("6.2", 3), ("6.3", 3)])

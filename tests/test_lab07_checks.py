@@ -1,13 +1,13 @@
 """Lab 07's public checks: the solution passes every one; realistic wrong answers fail, saying why."""
 import sys
-import textwrap
 
 import cloudpickle
-import nbformat
 import pytest
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
+from tests import lab_solution
+from tests.lab_solution import assert_fails, failed
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
 
@@ -16,29 +16,7 @@ SOLUTION = ROOT / "solutions" / "07_zero_1_and_2.ipynb"
 
 def solution_namespace(override=""):
     """The solution's imports, given code and answers exec'd into a fresh namespace; `override` then redefines some."""
-    ns = {"__name__": "lab07_solution"}  # not an importable module: cloudpickle ships the functions by value
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.cell_type == "code" and (cell.id in ("imports", "given-state") or "### BEGIN SOLUTION" in cell.source):
-            exec(compile(cell.source, f"<solution cell {cell.id}>", "exec"), ns)
-    exec(textwrap.dedent(override), ns)
-    return ns
-
-
-def failed(result):
-    """{check name: reason} of the checks that failed."""
-    out = {}
-    for line in result.lines:
-        if line.startswith("[FAIL]"):
-            name, _, reason = line.split(" ", 2)[2].partition(": ")
-            out[name] = reason
-    return out
-
-
-def assert_fails(result, expected):
-    fails = failed(result)
-    assert set(expected) <= set(fails), (fails, result.lines)
-    for name, message in expected.items():
-        assert message in fails[name], fails[name]
+    return lab_solution.namespace(SOLUTION, lambda cell: cell.id in ("imports", "given-state") or lab_solution.is_answer(cell), override)
 
 
 def test_solution_passes_7_1():

@@ -3,11 +3,12 @@ import sys
 import textwrap
 
 import cloudpickle
-import nbformat
 import pytest
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
+from tests import lab_solution
+from tests.lab_solution import assert_fails, failed
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
 
@@ -17,30 +18,7 @@ TOTALS = {"8.1": 4, "8.2": 3, "8.3": 3, "8.4": 3, "8.5": 4}
 
 def solution_namespace(override=""):
     """The solution's imports, given code and answers exec'd into a fresh namespace; `override` then redefines some."""
-    ns = {"__name__": "lab08_solution"}  # not an importable module: cloudpickle ships the functions by value
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        given = cell.id == "imports" or cell.id.startswith("given")
-        if cell.cell_type == "code" and (given or "### BEGIN SOLUTION" in cell.source):
-            exec(compile(cell.source, f"<solution cell {cell.id}>", "exec"), ns)
-    exec(textwrap.dedent(override), ns)
-    return ns
-
-
-def failed(result):
-    """{check name: reason} of the checks that failed."""
-    out = {}
-    for line in result.lines:
-        if line.startswith("[FAIL]"):
-            name, _, reason = line.split(" ", 2)[2].partition(": ")
-            out[name] = reason
-    return out
-
-
-def assert_fails(result, expected):
-    fails = failed(result)
-    assert set(expected) <= set(fails), (fails, result.lines)
-    for name, message in expected.items():
-        assert message in fails[name], fails[name]
+    return lab_solution.namespace(SOLUTION, lambda cell: cell.id == "imports" or cell.id.startswith("given") or lab_solution.is_answer(cell), override)
 
 
 @pytest.mark.timeout(180)

@@ -1,6 +1,5 @@
 """Lab 09's public checks: the solution passes them; realistic wrong answers fail, saying why."""
 import sys
-import textwrap
 
 import cloudpickle
 import nbformat
@@ -9,6 +8,7 @@ import pytest
 from helpers.grading import check
 from helpers.grading.checks import lab09
 from helpers.grading.labgen import ROOT
+from tests import lab_solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
 
@@ -17,14 +17,7 @@ SOLUTION = ROOT / "solutions" / "09_pytorch_fsdp.ipynb"
 
 def solution_namespace(override=""):
     """The solution's imports and answers exec'd into a fresh namespace; `override` then redefines some of them."""
-    ns = {"__name__": "lab09_solution"}  # not an importable module: cloudpickle ships the functions by value
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.cell_type == "code" and (cell.id in ("lab09-params", "lab09-imports")
-                                         or "### BEGIN SOLUTION" in cell.source):
-            source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
-            exec(compile(source, f"<solution cell {cell.id}>", "exec"), ns)
-    exec(textwrap.dedent(override), ns)
-    return ns
+    return lab_solution.namespace(SOLUTION, lambda cell: cell.id in ("lab09-params", "lab09-imports") or lab_solution.is_answer(cell), override)
 
 
 def fails_with(check_fn, ns, fragment):

@@ -1,14 +1,13 @@
 """Lab 10's public checks: the solution passes every one; realistic wrong answers fail, saying why."""
 import sys
-import textwrap
 
 import cloudpickle
-import nbformat
 import pytest
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
 from helpers.grading.probes import load
+from tests import lab_solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
 SOLUTION = ROOT / "solutions" / "10_capstone_gpt.ipynb"
@@ -16,29 +15,11 @@ SOLUTION = ROOT / "solutions" / "10_capstone_gpt.ipynb"
 
 def solution_namespace(override=""):
     """The solution's imports and answers exec'd into a fresh namespace; `override` then redefines some of them."""
-    ns = {"__name__": "lab10_solution"}  # not an importable module: cloudpickle ships the functions by value
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.cell_type == "code" and (cell.id == "imports" or "### BEGIN SOLUTION" in cell.source):
-            exec(compile(cell.source, f"<solution cell {cell.id}>", "exec"), ns)
-    exec(textwrap.dedent(override), ns)
-    return ns
-
-
-def failed(result):
-    """{check name: reason} of the checks that failed."""
-    out = {}
-    for line in result.lines:
-        if line.startswith("[FAIL]"):
-            name, _, reason = line.split(" ", 2)[2].partition(": ")
-            out[name] = reason
-    return out
+    return lab_solution.namespace(SOLUTION, lambda cell: cell.id == "imports" or lab_solution.is_answer(cell), override)
 
 
 def assert_fails(question, override, expected):
-    fails = failed(check(question, solution_namespace(override)))
-    assert set(expected) <= set(fails), fails
-    for check_name, message in expected.items():
-        assert message in fails[check_name], fails[check_name]
+    lab_solution.assert_fails(check(question, solution_namespace(override)), expected)
 
 
 def test_solution_passes_10_1():

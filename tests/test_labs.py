@@ -6,7 +6,6 @@ the same value twice (a probe that depends on global state would grade unfairly)
 must leave every probe "not implemented". One real lab goes through the whole grader in
 tests/grading/test_self_grade.py; running the grader's three kernels for every lab cost minutes of CI.
 """
-import pathlib
 import secrets
 
 import nbformat

@@ -84,7 +84,7 @@ def grade_submission(task):
         submission = nbformat.read(path, as_version=4)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the student's problem
         return _unreadable(student, probes, start, exc)
-    with tempfile.TemporaryDirectory(prefix=f"grade-{student}-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="grade-") as workdir:  # short: unix socket paths live in it
         os.chmod(workdir, 0o755)
         graded, execution, values, missing = run_one(released, submission, setup, probes, workdir, limits)
     marks = score(probes, expected, values)

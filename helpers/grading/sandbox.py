@@ -115,8 +115,12 @@ def prepare_workdir(workdir, drop_user):
 
 def make_kernel_manager(workdir, memory_bytes, *, isolate_network, drop_user, hidden_dirs=(), readonly_dirs=()):
     """A kernel manager for one submission (not started yet)."""
-    prepare_workdir(workdir, drop_user)
     runtime = os.path.join(workdir, "kernel", "runtime")
+    # The kernel's ipc sockets live there, and AF_UNIX paths hold at most 107 bytes.
+    if len(os.path.join(runtime, "kernel-ipc-99999")) > 100:
+        raise ValueError(f"the working directory {workdir!r} is too long for the kernel's unix sockets: "
+                         "grade in a shorter one, e.g. under /tmp")
+    prepare_workdir(workdir, drop_user)
     km = SandboxKernelManager(transport="ipc", ip=os.path.join(runtime, "kernel-ipc"),
                               connection_file=os.path.join(runtime, "kernel.json"))
     km.drop_user = drop_user

@@ -1,10 +1,19 @@
 """Executing notebooks in a fenced kernel: timeouts interrupt, and the launcher survives them."""
+import tempfile
+
 import nbformat
 import pytest
 
 from helpers.grading.execute import Limits, execute
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def tmp_path():
+    """A short working directory: the kernel's unix sockets live in it (pytest's tmp_path can be too long)."""
+    with tempfile.TemporaryDirectory(prefix="exec-") as path:
+        yield path
 
 
 def errors(nb):
@@ -39,3 +48,8 @@ def test_wall_clock_limit_skips_the_rest(tmp_path):
 def test_dead_kernel_is_reported(tmp_path):
     nb = notebook("import os\nos._exit(3)", "x = 1")
     assert execute(nb, str(tmp_path), Limits(cell_seconds=10, total_seconds=30)).status == "dead_kernel"
+
+
+def test_a_working_directory_too_long_for_unix_sockets_is_refused():
+    with pytest.raises(ValueError, match="too long for the kernel's unix sockets: grade in a shorter one"):
+        execute(notebook("x = 1"), "/tmp/" + "d" * 100, Limits(cell_seconds=10, total_seconds=30))

@@ -6,7 +6,6 @@ import nbformat
 import pytest
 
 from helpers.grading import grade as grading
-from helpers.grading.execute import Limits
 from tests.grading import fixture_lab as lab
 
 pytestmark = pytest.mark.timeout(600)

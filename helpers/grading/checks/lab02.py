@@ -66,7 +66,7 @@ def _traffic(ledger):
 
 
 def _on_ranks_exchange(fn, shape):
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     t = _rank_data(shape, "float32", rank)
     with CommLedger() as ledger:
         out = fn(t)

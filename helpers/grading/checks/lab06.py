@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from helpers import theory
 from helpers.errors import CollectiveHang, RankFailed
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import SharedRun
 from helpers.launch import launch
 
 KEYS = ("params", "grads", "optimizer", "total")
@@ -27,21 +28,7 @@ SHARDED_FROM = {"optimizer": 1, "grads": 2, "params": 3}  # stage from which a c
 # (param_bytes, grad_bytes, optimizer_bytes) of every convention helpers.theory names
 CONVENTIONS = {name: (c["param_bytes"], c["grad_bytes"], c["k"]) for name, c in theory.CONVENTIONS.items()}
 
-_memo = {}  # question -> (key, (ok, value)): one launch serves every check of a question
-
-
-def _memoized(question, key, compute):
-    """compute() once per (question, key), its exception included; keeps only the latest key per question."""
-    if question not in _memo or _memo[question][0] != key:
-        try:
-            outcome = (True, compute())
-        except Exception as exc:  # noqa: BLE001 - every check of the question reports the same failure
-            outcome = (False, exc)
-        _memo[question] = (key, outcome)
-    ok, value = _memo[question][1]
-    if not ok:
-        raise value
-    return value
+_memoized = SharedRun()  # one launch serves every check of a question
 
 
 # --- 6.1 model_state_bytes ----------------------------------------------------------------------
@@ -177,7 +164,8 @@ def section_5_4_of_the_zero_paper(ns):
 
 
 @public_check("6.2")
-def every_stage_and_convention(ns):
+def largest_model_at_every_stage_and_convention(ns):
+    """All four stages and conventions, 1 to 1000 ranks: the bound inverts model_state_bytes' formula."""
     fn = answer(ns, "largest_model")
     for convention in CONVENTIONS.values():
         for world_size in (1, 3, 8, 1000):

@@ -173,14 +173,6 @@ def test_process_group_timeout_follows_hang_timeout():
     assert launch(group_timeout, 1, hang_timeout=7.0) == [7.0 + TIMEOUT_MARGIN_S]
 
 
-def write_pid_and_hang(directory):
-    with open(os.path.join(directory, f"{dist.get_rank()}.pid"), "w") as f:
-        f.write(str(os.getpid()))
-    if dist.get_rank() == 0:
-        dist.barrier()  # rank 1 never comes
-    time.sleep(60)
-
-
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -12,6 +12,7 @@ import secrets
 import nbformat
 
 from helpers.grading.probe_runtime import PROBE_MIMETYPE
+
 _DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
 _CHECK = re.compile(r"""check\(\s*["'][\w.]+["']\s*,\s*globals\(\)\s*\)""")
 

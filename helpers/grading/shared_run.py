@@ -23,3 +23,19 @@ class SharedRun:
         if not ok:
             raise value
         return value
+
+
+def launch_on_gloo(fn, world_size, args, hang_timeout, hint=""):
+    """Run fn on Gloo ranks for a check; a hang or a dead rank becomes a failure that says what to look at."""
+    from helpers.errors import (  # here, so that importing this module stays light
+        CollectiveHang,
+        RankFailed,
+    )
+    from helpers.launch import launch
+
+    try:
+        return launch(fn, world_size, args=args, backend="gloo", hang_timeout=hang_timeout)
+    except (CollectiveHang, RankFailed) as exc:
+        if isinstance(exc, RankFailed) and exc.exitcode is None:
+            raise  # an exception in the student's code: its own message is the best report
+        raise AssertionError(f"the ranks did not finish together. {hint}Launcher's report: {exc}") from None

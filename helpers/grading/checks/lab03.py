@@ -15,10 +15,8 @@ import torch.nn as nn
 from torch.utils.data import DistributedSampler
 
 from helpers.comm import CommLedger
-from helpers.errors import CollectiveHang, RankFailed
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import SharedRun
-from helpers.launch import launch
+from helpers.grading.shared_run import SharedRun, launch_on_gloo
 
 WORLD_SIZE = 3  # odd on purpose: 29 samples do not split evenly
 HANG_S = 20.0  # a check whose ranks wait longer than this reports CollectiveHang instead of hanging
@@ -31,12 +29,7 @@ _memoized = SharedRun()  # one launch serves every check of a question
 
 def _launch(fn, *args, hang_timeout=HANG_S, hint=""):
     """Run fn on WORLD_SIZE Gloo ranks; a hang or a crashed rank becomes a failure that says what to look at."""
-    try:
-        return launch(fn, WORLD_SIZE, args=args, backend="gloo", hang_timeout=hang_timeout)
-    except (CollectiveHang, RankFailed) as exc:
-        if isinstance(exc, RankFailed) and exc.exitcode is None:
-            raise  # an exception in the student's code: its own message is the best report
-        raise AssertionError(f"the ranks did not finish together. {hint}Launcher's report: {exc}") from None
+    return launch_on_gloo(fn, WORLD_SIZE, args, hang_timeout, hint)
 
 
 def _max_diff(a, b):

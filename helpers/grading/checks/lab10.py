@@ -16,10 +16,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from helpers.errors import CollectiveHang, RankFailed
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import SharedRun
-from helpers.launch import launch
+from helpers.grading.shared_run import SharedRun, launch_on_gloo
 
 WORLD_SIZE = 3
 HANG_S = 20.0
@@ -39,12 +37,7 @@ _memoized = SharedRun()  # one launch serves every check of a question
 
 def _launch(fn, *args, hint=""):
     """Run fn on WORLD_SIZE Gloo ranks; a hang or a dead rank becomes a failure that says what to look at."""
-    try:
-        return launch(fn, WORLD_SIZE, args=args, backend="gloo", hang_timeout=HANG_S)
-    except (CollectiveHang, RankFailed) as exc:
-        if isinstance(exc, RankFailed) and exc.exitcode is None:
-            raise  # an exception in the student's code: its own message is the best report
-        raise AssertionError(f"the ranks did not finish together. {hint}Launcher's report: {exc}") from None
+    return launch_on_gloo(fn, WORLD_SIZE, args, HANG_S, hint)
 
 
 def _capstone(module):

@@ -1,5 +1,6 @@
 """Shared infrastructure of the course: launching ranks, ledgers, formulas, plots, widgets, grading."""
 from helpers.errors import CollectiveHang, LaunchError, RankFailed
+
 # Eager on purpose: a lazy `launch` would be shadowed by the submodule helpers.launch once imported.
 from helpers.launch import launch
 

@@ -28,7 +28,9 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The part of `t` this process holds: a DTensor's local shard, any other tensor itself."""
     if not torch.distributed.is_available():  # a torch build without distributed has no DTensor
         return t
-    from torch.distributed.tensor import DTensor  # lazy: keeps `import helpers.memory` cheap
+    from torch.distributed.tensor import (
+        DTensor,  # lazy: keeps `import helpers.memory` cheap
+    )
 
     if isinstance(t, DTensor):
         with torch.no_grad():  # a plain view of the shard, no autograd node

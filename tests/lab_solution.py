@@ -1,7 +1,13 @@
 """For the tests of public checks: a lab's solution as a namespace, and what its failing checks said."""
+import ast
 import textwrap
 
 import nbformat
+
+from helpers.grading import check
+
+# What definitions() keeps of a cell: no launches, no check() calls, no demonstrations.
+DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
 
 
 def is_answer(cell):
@@ -22,6 +28,36 @@ def namespace(path, select, override=""):
             exec(compile(source, f"<solution cell {cell.id}>", "exec"), ns)
     exec(textwrap.dedent(override), ns)
     return ns
+
+
+def definitions(path, override=""):
+    """The solution's parameters cell, then its top-level imports, functions and classes, then `override`.
+
+    A wrong answer in `override` replaces one definition. Nothing launches, so this is cheap to build per test.
+    """
+    def keep_definitions(source, cell):
+        if "parameters" in cell.metadata.get("tags", []):  # sizes and seeds the answers read
+            return source
+        tree = ast.parse(source)
+        tree.body = [node for node in tree.body if isinstance(node, DEFINITIONS)]
+        return tree
+
+    ns = {"__name__": f"lab{path.name[:2]}_solution"}
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code":
+            source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+            exec(compile(keep_definitions(source, cell), f"<solution cell {cell.id}>", "exec"), ns)
+    exec(textwrap.dedent(override), ns)
+    return ns
+
+
+def assert_report_mentions(question, namespace, *fragments):
+    """check(question) on namespace fails at least one check, and its report holds every fragment."""
+    result = check(question, namespace)
+    assert result.passed < result.total, f"{question}: a wrong answer passed: {result.lines}"
+    text = "\n".join(result.lines)
+    for fragment in fragments:
+        assert fragment in text, f"{question}: expected {fragment!r} in the report:\n{text}"
 
 
 def failed(result):

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
+from helpers import worker
 from helpers.backend import select_backend
 from helpers.errors import LaunchError
-from helpers import worker
 
 
 @pytest.mark.parametrize("requested, world_size, gpus, expected", [

@@ -11,8 +11,16 @@ import re
 import nbformat
 import pytest
 
-from tests.browser_lab import (NOTEBOOK, Lab, copy_clean, error_texts, launch_chromium,
-                               open_notebook, run_all_cells, wait_until_run)
+from tests.browser_lab import (
+    NOTEBOOK,
+    Lab,
+    copy_clean,
+    error_texts,
+    launch_chromium,
+    open_notebook,
+    run_all_cells,
+    wait_until_run,
+)
 
 CHROMIUM = os.environ.get("DP_COURSE_CHROMIUM", "/usr/bin/chromium")
 if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):

@@ -1,5 +1,6 @@
 """%%ranks in a real Jupyter kernel: live output, interrupting a hung cell, nothing left behind."""
 import queue
+import re
 import time
 
 import pytest
@@ -38,6 +39,18 @@ def execute(client, code, timeout=60.0):
     return reply["content"]["status"], "".join(stdout), "".join(stderr), error
 
 
+def drain_iopub(client, msg_id):
+    """What the kernel published for msg_id and has not been read yet: the story of a failure."""
+    texts = []
+    while True:
+        try:
+            msg = client.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            return texts
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("stream", "error"):
+            texts.append(msg["content"].get("text") or msg["content"].get("ename"))
+
+
 def descendants(pid):
     """Every live process below pid (the forkserver and its workers)."""
     found, todo = [], [pid]
@@ -66,7 +79,7 @@ def test_interrupt_hung_cell_then_next_cell_works(kernel):
     cell = ("%%ranks 2 --hang-timeout 60\nimport torch.distributed as dist, os\n"
             "print('pid', os.getpid(), flush=True)\nif dist.get_rank() == 0:\n    dist.barrier()\n")
     msg_id = client.execute(cell)
-    workers = []
+    workers, seen = [], []
     deadline = time.monotonic() + 30
     while len(workers) < 2 and time.monotonic() < deadline:  # wait until both ranks are running
         try:
@@ -74,13 +87,17 @@ def test_interrupt_hung_cell_then_next_cell_works(kernel):
         except queue.Empty:
             continue
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            workers += [int(w) for w in msg["content"]["text"].split() if w.isdigit()]
-    assert len(workers) == 2
+            seen.append(msg["content"]["text"])
+            # Only "[rank r] pid N" lines: a warning a rank prints may hold numbers too.
+            workers += [int(pid) for pid in re.findall(r"^\[rank \d\] pid (\d+)$", seen[-1], re.M)]
+    assert len(workers) == 2, seen
     time.sleep(0.5)
     manager.interrupt_kernel()
     interrupted = time.monotonic()
     reply = client.get_shell_msg(timeout=20)
-    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert reply["parent_header"]["msg_id"] == msg_id, reply
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", (
+        reply["content"], seen, drain_iopub(client, msg_id))
     while set(workers) & set(descendants(kernel_pid)) and time.monotonic() - interrupted < 2.0:
         time.sleep(0.05)
     assert not set(workers) & set(descendants(kernel_pid)), "workers survived the interrupt"
@@ -103,8 +120,8 @@ def test_hang_report_names_the_notebook_cell(kernel):
             "    launch(only_rank_zero_waits, 2, hang_timeout=2)\n"
             "except CollectiveHang as e:\n"
             "    print(e)\n")
-    status, out, _, _ = execute(client, cell)
-    assert status == "ok"
+    status, out, err, error = execute(client, cell)
+    assert status == "ok", (error, out, err)
     assert "rank 0: blocked in barrier #1, called at In [" in out
     assert "line 5 in only_rank_zero_waits: dist.barrier()" in out
 

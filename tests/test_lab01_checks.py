@@ -2,7 +2,6 @@
 import sys
 
 import cloudpickle
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -11,6 +10,7 @@ from helpers.grading.check import run_one
 from helpers.grading.checks import lab01
 from helpers.grading.labgen import ROOT
 from helpers.grading.registry import checks_for
+from tests.lab_solution import namespace as run_solution
 
 SOLUTION = ROOT / "solutions" / "01_gradient_averaging.ipynb"
 # The wrong answers below travel to the ranks by value, like a notebook's functions; by reference, every rank
@@ -20,12 +20,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="module")
 def solution():
-    """The solution's parameters, imports and answers, exec'd as a notebook would (functions in __main__)."""
-    namespace = {"__name__": "__main__"}
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.cell_type == "code" and "check(" not in cell.source:
-            exec(compile(cell.source, f"<{cell.id}>", "exec"), namespace)
-    return namespace
+    """The solution's parameters, imports and answers, every cell but the check() calls."""
+    return run_solution(SOLUTION, lambda cell: "check(" not in cell.source)
 
 
 def outcome(question, check_name, namespace):

@@ -1,40 +1,17 @@
 """Lab 02's public checks: the solution passes them, realistic wrong answers fail with a useful message."""
-import ast
-import types
-
-import nbformat
 import pytest
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
+from tests.lab_solution import assert_report_mentions as assert_fails
+from tests.lab_solution import definitions
 
 SOLUTION = ROOT / "solutions" / "02_collectives.ipynb"
 
 
 def solution_namespace(extra_source=""):
-    """The solution's function definitions and imports, executed in a fresh module namespace.
-
-    Only top-level imports and defs run (no launches, no check() calls). The module is not in
-    sys.modules, so cloudpickle ships its functions to the ranks by value, as it does from a notebook.
-    """
-    module = types.ModuleType("lab02_solution")
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.cell_type != "code":
-            continue
-        tree = ast.parse(cell.source)
-        tree.body = [node for node in tree.body
-                     if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))]
-        exec(compile(tree, str(SOLUTION), "exec"), module.__dict__)
-    exec(extra_source, module.__dict__)  # a wrong answer replaces one definition
-    return module.__dict__
-
-
-def assert_fails(question, namespace, *fragments):
-    result = check(question, namespace)
-    assert result.passed < result.total, f"{question}: a wrong answer passed: {result.lines}"
-    text = "\n".join(result.lines)
-    for fragment in fragments:
-        assert fragment in text, f"{question}: expected {fragment!r} in the report:\n{text}"
+    """The solution's definitions, with extra_source (a wrong answer) replacing one of them."""
+    return definitions(SOLUTION, extra_source)
 
 
 @pytest.mark.timeout(120)

@@ -1,44 +1,19 @@
 """Lab 04's public checks: the solution passes them, realistic wrong answers fail with a useful message."""
-import ast
-import types
-
-import nbformat
 import pytest
 import torch
 
 from helpers.grading import check
 from helpers.grading.checks import lab04
 from helpers.grading.labgen import ROOT
+from tests.lab_solution import assert_report_mentions as assert_fails
+from tests.lab_solution import definitions
 
 SOLUTION = ROOT / "solutions" / "04_bucketing_and_overlap.ipynb"
-KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
 
 
 def solution_namespace(extra_source=""):
-    """The solution's imports, functions and classes, executed in a fresh module namespace.
-
-    Only the parameters cell and top-level imports, defs and classes run (no launches, no check() calls). The module is not in
-    sys.modules, so cloudpickle ships its classes to the ranks by value, as it does from a notebook.
-    """
-    module = types.ModuleType("lab04_solution")
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.cell_type != "code":
-            continue
-        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
-        tree = ast.parse(source)
-        if "parameters" not in cell.metadata.get("tags", []):  # the parameters cell runs whole (sizes, seeds)
-            tree.body = [node for node in tree.body if isinstance(node, KEEP)]
-        exec(compile(tree, str(SOLUTION), "exec"), module.__dict__)
-    exec(extra_source, module.__dict__)  # a wrong answer replaces one definition
-    return module.__dict__
-
-
-def assert_fails(question, namespace, *fragments):
-    result = check(question, namespace)
-    assert result.passed < result.total, f"{question}: a wrong answer passed: {result.lines}"
-    text = "\n".join(result.lines)
-    for fragment in fragments:
-        assert fragment in text, f"{question}: expected {fragment!r} in the report:\n{text}"
+    """The solution's definitions, with extra_source (a wrong answer) replacing one of them."""
+    return definitions(SOLUTION, extra_source)
 
 
 def test_reference_rule_is_torchs():

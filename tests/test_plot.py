@@ -11,7 +11,14 @@ import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from helpers.plot import COMPUTE_COLOUR, curves, memory_bars, palette, scaling_curve, timeline  # noqa: E402
+from helpers.plot import (  # noqa: E402
+    COMPUTE_COLOUR,
+    curves,
+    memory_bars,
+    palette,
+    scaling_curve,
+    timeline,
+)
 
 T0 = 1000.0  # perf_counter-like origin: the plot must subtract it
 SPANS = [

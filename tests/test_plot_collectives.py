@@ -10,8 +10,14 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from helpers.plot import palette  # noqa: E402
-from helpers.plot_collectives import (REDUCED_COLOUR, REDUCED_LABEL, before_after, chunk_owner,  # noqa: E402
-                                      format_value, stages_figure)
+from helpers.plot_collectives import (  # noqa: E402
+    REDUCED_COLOUR,
+    REDUCED_LABEL,
+    before_after,
+    chunk_owner,
+    format_value,
+    stages_figure,
+)
 
 RANKS = [torch.tensor([1.0, 2.0]) + 10 * r for r in range(3)]  # rank r holds [10r+1, 10r+2]
 COLOURS = {r: to_hex(c) for r, c in palette(range(3)).items()}

@@ -1,6 +1,7 @@
 """The set-up files agree: every pin in pyproject.toml is in environment.yml, torch exactly pinned."""
 import pathlib
 import re
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -2,9 +2,21 @@
 import pytest
 
 from helpers import simulate
-from helpers.simulate import (ASSUMED_LINKS, DDP_BUCKET_CAP_BYTES, Cluster, Link, MiB, all_reduce_time_s,
-                              bucket_sizes_bytes, comm_time_s, link_from_fit, measured_efficiency,
-                              predict_step_time_s, scaling_efficiency, step_time_s)
+from helpers.simulate import (
+    ASSUMED_LINKS,
+    DDP_BUCKET_CAP_BYTES,
+    Cluster,
+    Link,
+    MiB,
+    all_reduce_time_s,
+    bucket_sizes_bytes,
+    comm_time_s,
+    link_from_fit,
+    measured_efficiency,
+    predict_step_time_s,
+    scaling_efficiency,
+    step_time_s,
+)
 from helpers.theory import collective_time, fit_alpha_beta, ring_all_reduce_time
 
 FAST = Link("fast", 3e-6, 300e9)

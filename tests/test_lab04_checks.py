@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from helpers.grading import check
-from helpers.grading.checks import lab04
+from helpers.grading.checks.lab04 import common as lab04
+from helpers.grading.checks.lab04 import q1_assign_buckets
 from helpers.grading.labgen import ROOT
 from tests.lab_solution import assert_report_mentions as assert_fails
 from tests.lab_solution import definitions
@@ -18,7 +19,7 @@ def solution_namespace(extra_source=""):
 
 def test_reference_rule_is_torchs():
     """The checks' own rule agrees with torch's _compute_bucket_assignment_by_size on every case they use."""
-    for _, params, cap in lab04._assignment_cases():
+    for _, params, cap in q1_assign_buckets._assignment_cases():
         assert lab04.torch_buckets(params, cap) == lab04.reference_buckets([lab04.nbytes(p) for p in params], cap)
     assert lab04.reference_buckets([lab04.nbytes(p) for p in lab04.make_model(0).parameters()],
                                    lab04.CAP_BYTES) == [[7, 6, 5, 4], [3, 2], [1, 0]]

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from helpers.grading import check
-from helpers.grading.checks import lab06
+from helpers.grading.checks.lab06.q3_activation_bytes import (
+    Block,
+    measured_activation_bytes,
+    reference_activation_bytes,
+    saved_activation_bytes,
+)
 from helpers.grading.labgen import ROOT
 from helpers.grading.probes import load
 from tests import lab_solution
@@ -37,8 +42,8 @@ def test_reference_formula_is_what_autograd_saves():
     """The 6.3 reference (used for the GPT-3-sized check) equals the measured count on a grid of shapes."""
     for b, t, (d, h), act in itertools.product((1, 3), (1, 5), ((8, 1), (12, 3)), ("gelu", "relu")):
         f, layers = 20, 2
-        assert lab06.reference_activation_bytes(b, t, d, h, f, layers, act) == \
-            lab06.measured_activation_bytes(b, t, d, h, f, layers, act), (b, t, d, h, f, layers, act)
+        assert reference_activation_bytes(b, t, d, h, f, layers, act) == \
+            measured_activation_bytes(b, t, d, h, f, layers, act), (b, t, d, h, f, layers, act)
 
 
 def test_lab_block_is_the_checks_block():
@@ -49,7 +54,7 @@ def test_lab_block_is_the_checks_block():
     for activation in ("gelu", "relu"):
         torch.manual_seed(1)
         lab = ns["saved_activation_bytes"](ns["Block"](12, 3, 20, activation), x)[0]
-        assert lab == lab06.saved_activation_bytes(lab06.Block(12, 3, 20, activation), x)[0]
+        assert lab == saved_activation_bytes(Block(12, 3, 20, activation), x)[0]
 
 
 STAGES = '''

@@ -6,7 +6,10 @@ import nbformat
 import pytest
 
 from helpers.grading import check
-from helpers.grading.checks import lab09
+from helpers.grading.checks.lab09.common import reference_choose
+from helpers.grading.checks.lab09.q1_choose_strategy import CHOOSE_CASES, cheapest_strategy_that_fits
+from helpers.grading.checks.lab09.q2_apply_strategy import ddp_zero2_and_fsdp_on_a_1d_mesh
+from helpers.grading.checks.lab09.q3_train_within_budget import fsdp_within_budget_on_3_ranks
 from helpers.grading.labgen import ROOT
 from tests import lab_solution
 
@@ -36,8 +39,8 @@ def test_solution_passes(question):
 
 def test_reference_rule_agrees_with_the_solution():
     ns = solution_namespace()
-    for _, args, kwargs in lab09.CHOOSE_CASES:
-        assert ns["choose_strategy"](*args, **kwargs) == lab09.reference_choose(*args, **kwargs)
+    for _, args, kwargs in CHOOSE_CASES:
+        assert ns["choose_strategy"](*args, **kwargs) == reference_choose(*args, **kwargs)
 
 
 # --- 9.1 -------------------------------------------------------------------------------------------
@@ -72,7 +75,7 @@ def choose_with(old, new):
      "hybrid_shard's memory over all ranks"),
 ], ids=["least memory", "logical bytes", "strict <", "hybrid memory over all ranks"])
 def test_wrong_choices_fail(override, fragment):
-    fails_with(lab09.cheapest_strategy_that_fits, solution_namespace(override), fragment)
+    fails_with(cheapest_strategy_that_fits, solution_namespace(override), fragment)
 
 
 # --- 9.2 and 9.3 (one launch each) -----------------------------------------------------------------
@@ -97,11 +100,11 @@ def choose_strategy(num_params, world_size, memory_budget_bytes, **convention):
 
 @pytest.mark.timeout(120)
 def test_root_left_to_the_default_fails():
-    fails_with(lab09.ddp_zero2_and_fsdp_on_a_1d_mesh, solution_namespace(ROOT_LEFT_TO_DEFAULT),
+    fails_with(ddp_zero2_and_fsdp_on_a_1d_mesh, solution_namespace(ROOT_LEFT_TO_DEFAULT),
                "the root was not resharded after forward")
 
 
 @pytest.mark.timeout(120)
 def test_the_wrong_byte_convention_fails():
-    fails_with(lab09.fsdp_within_budget_on_3_ranks, solution_namespace(MIXED_PRECISION_BYTES),
+    fails_with(fsdp_within_budget_on_3_ranks, solution_namespace(MIXED_PRECISION_BYTES),
                "expected strategy 'full_shard'")

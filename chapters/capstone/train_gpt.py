@@ -72,7 +72,7 @@ def build(cfg, strategy, vocab_size, device):
     if strategy == "ddp":
         return DDP(gpt, device_ids=[device.index] if device.type == "cuda" else None)
     if strategy == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh   # here: importing FSDP costs a kernel ~1 s
+        from torch.distributed.device_mesh import init_device_mesh  # here: importing FSDP costs a kernel ~1 s
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -197,3 +197,11 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    # torch 2.13: once torch._dynamo is imported (optimizer.step imports it) the Gloo group outlives
+    # destroy_process_group, and its threads race the interpreter's teardown. Measured here: 4 of 73 runs of
+    # tests/test_capstone_torchrun.py's command on a busy 2-core machine ended in SIGABRT ("terminate called
+    # without an active exception") after every line was printed. All is said and the group is destroyed: leave
+    # without the teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,4 +1,4 @@
-"""Where public checks live: helpers/grading/checks/labNN.py registers them per question "N.M"."""
+"""Where public checks live: the package helpers/grading/checks/labNN/ registers them per question "N.M"."""
 import importlib
 
 _CHECKS = {}  # question -> [(name, fn)], in definition order

@@ -7,7 +7,7 @@ import torch.distributed as _probe_dist
 from torch import nn as _probe_nn
 from helpers import launch as _probe_launch
 from helpers.comm import CommLedger as _probe_Ledger
-from helpers.grading.checks.lab08 import _ref_init as _probe_ref_init, _ref_unshard as _probe_ref_unshard
+from helpers.grading.checks.lab08.common import _ref_init as _probe_ref_init, _ref_unshard as _probe_ref_unshard
 
 
 def _probe_unit():

@@ -9,7 +9,7 @@ SETUP = '''
 import torch as _probe_torch
 import torch.distributed as _probe_dist
 from helpers import launch as _probe_launch
-from helpers.grading.checks import lab10 as _probe_lab10
+from helpers.grading.checks.lab10 import q3_train_gpt as _probe_lab10
 
 
 def _probe_batch_facts(n, world_size, batch_size, block_size, step, seed, dtype):

@@ -1,0 +1,100 @@
+"""Checks of lab 4.2: a Bucket launches one async all-reduce when full and waits for it in finish()."""
+import time
+
+import torch
+import torch.distributed as dist
+
+from helpers.comm import CommLedger
+from helpers.grading.checks.lab04.common import (
+    SLOW_RANK_S,
+    TOL,
+    diagnose,
+    flat,
+    make_model,
+    max_diff,
+    nbytes,
+    run_on_ranks,
+)
+from helpers.grading.registry import answer, public_check
+
+
+# ------------------------------------------------------------------------------------------------ question 4.2
+def _grad(shape, rank, index, step):
+    """A gradient for parameter `index` on `rank` at `step`: different everywhere, reproducible here."""
+    generator = torch.Generator().manual_seed(10_000 * step + 100 * index + rank)
+    return torch.randn(shape, generator=generator)
+
+
+def _on_ranks_bucket(Bucket, steps, slow_rank_s):
+    """Fill one bucket (the MLP's last four tensors) for `steps` steps; report calls, timing and gradients."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    params = list(make_model(0).parameters())[::-1][:4]  # arrival order
+    bucket = Bucket(params)
+    report = []
+    for step in range(steps):
+        for i, p in enumerate(params):
+            p.grad = _grad(p.shape, rank, i, step)
+        with CommLedger() as ledger:
+            for p in params[:-1]:
+                bucket.add_grad(p)
+            early = len(ledger.records)
+            if slow_rank_s and rank == n - 1:
+                time.sleep(slow_rank_s)  # the straggler: its last gradient comes late
+            start = time.perf_counter()
+            bucket.add_grad(params[-1])
+            launch_s = time.perf_counter() - start
+            launched = [(r.op, r.payload_bytes) for r in ledger.records[early:]]
+            bucket.finish()
+        report.append({"early": [(r.op, r.payload_bytes) for r in ledger.records[:early]], "launched": launched,
+                       "after_finish": len(ledger.records) - early - len(launched), "launch_s": launch_s,
+                       "grads": [p.grad.clone() for p in params]})
+    return report
+
+
+def _bucket_expected(step, world_size):
+    params = list(make_model(0).parameters())[::-1][:4]
+    local = [[_grad(p.shape, r, i, step) for i, p in enumerate(params)] for r in range(world_size)]
+    mean = [sum(g[i] for g in local) / world_size for i in range(len(params))]
+    return flat(mean), [flat(g) for g in local], flat([p.detach() for p in params])
+
+
+def _check_bucket_report(report, world_size, ranks_to_check):
+    bucket_bytes = sum(nbytes(p) for p in list(make_model(0).parameters())[-4:])
+    where = f"world size {world_size}, one bucket of 4 tensors ({bucket_bytes} bytes)"
+    for rank in ranks_to_check:
+        for step, r in enumerate(report[rank]):
+            at = f"{where}, rank {rank}, step {step + 1}"
+            assert not r["early"], (
+                f"{at}: add_grad issued {r['early']} before the bucket was full (3 of 4 gradients in): launch ONE "
+                "all-reduce per bucket, when its last gradient arrives, not one per parameter")
+            if step > 0 and not r["launched"]:
+                raise AssertionError(f"{at}: the bucket did not launch its all-reduce again at the second step: reset "
+                                     "pending (and work) in finish(), so that the bucket can be reused")
+            assert len(r["launched"]) == 1 and r["launched"][0] == ("all_reduce", bucket_bytes), (
+                f"{at}: expected one all_reduce of the whole flat buffer ({bucket_bytes} bytes) when the last gradient "
+                f"arrived, got {r['launched']}")
+            assert r["after_finish"] == 0, f"{at}: finish() issued {r['after_finish']} more collective(s): only wait"
+            mean, local, params = _bucket_expected(step, world_size)
+            got = flat(r["grads"])
+            error = max_diff(got, mean)
+            assert error <= TOL, (f"{at}: after finish(), max |p.grad - mean over ranks of the gradients| = "
+                                  f"{error:.2e} (tolerance {TOL:.0e}).{diagnose(got, mean, local[rank], params, world_size)}")
+
+
+@public_check("4.2")
+def one_all_reduce_per_bucket_and_the_mean(ns):
+    bucket_class = answer(ns, "Bucket")
+    for world_size in (3, 2):
+        report = run_on_ranks(_on_ranks_bucket, world_size, (bucket_class, 2, 0.0), "Bucket")
+        _check_bucket_report(report, world_size, range(world_size))
+
+
+@public_check("4.2")
+def add_grad_does_not_wait_and_finish_does(ns):
+    bucket_class = answer(ns, "Bucket")
+    report = run_on_ranks(_on_ranks_bucket, 2, (bucket_class, 1, SLOW_RANK_S), "Bucket with a slow rank")
+    launch_s = report[0][0]["launch_s"]
+    assert launch_s < SLOW_RANK_S / 2, (
+        f"rank 1 is {SLOW_RANK_S:g} s late: rank 0's add_grad of the last gradient took {launch_s:.2f} s, so it waited "
+        "for the all-reduce. Launch it with async_op=True, keep the handle, and wait only in finish()")
+    _check_bucket_report(report, 2, [0])

@@ -1,0 +1,91 @@
+"""Checks of lab 4.3: the Reducer launches every bucket during backward and finalize() waits for them."""
+import time
+
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from helpers.comm import CommLedger
+from helpers.grading.checks.lab04.common import (
+    CAP_BYTES,
+    CAP_MB,
+    SLOW_RANK_S,
+    TOL,
+    diagnose,
+    flat,
+    local_grads,
+    make_model,
+    max_diff,
+    nbytes,
+    rank_batch,
+    reference_buckets,
+    run_on_ranks,
+)
+from helpers.grading.registry import answer, public_check
+
+
+# ------------------------------------------------------------------------------------------------ question 4.3
+def _on_ranks_reducer(Reducer, steps, slow_rank_s):
+    """A Reducer on the MLP (different initial weights per rank); per step: calls, starts vs backward, gradients."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = make_model(100 + rank)
+    reducer = Reducer(model, CAP_MB)  # broadcasts rank 0's parameters (given code)
+    report = []
+    for step in range(steps):
+        model.zero_grad(set_to_none=True)
+        x, y = rank_batch(step, rank)
+        with CommLedger() as ledger:
+            loss = F.mse_loss(model(x), y)
+            if slow_rank_s and rank == n - 1:
+                time.sleep(slow_rank_s)
+            loss.backward()
+            backward_end = time.perf_counter()
+            reducer.finalize()
+        starts = [r.start for r in ledger.records if r.op == "all_reduce"]
+        report.append({"calls": len(starts), "during_backward": sum(s < backward_end for s in starts),
+                       "others": sorted({r.op for r in ledger.records} - {"all_reduce"}),
+                       "grads": [p.grad.clone() if p.grad is not None else None for p in model.parameters()]})
+    return report
+
+
+def _check_reducer_report(report, world_size, ranks_to_check):
+    model = make_model(100)  # rank 0's weights, which the Reducer broadcast
+    n_buckets = len(reference_buckets([nbytes(p) for p in model.parameters()], CAP_BYTES))
+    params = flat([p.detach() for p in model.parameters()])
+    where = f"world size {world_size}, the lab MLP with bucket_cap_mb = {CAP_BYTES} B / 2**20 ({n_buckets} buckets)"
+    for rank in ranks_to_check:
+        for step, r in enumerate(report[rank]):
+            at = f"{where}, rank {rank}, step {step + 1}"
+            assert not r["others"], f"{at}: during the step the Reducer also issued {r['others']}; only all-reduces"
+            missing = [i for i, g in enumerate(r["grads"]) if g is None]
+            assert not missing, f"{at}: p.grad is None for parameters {missing} after finalize()"
+            local = [flat(local_grads(model, step, q)) for q in range(world_size)]
+            mean = sum(local) / world_size
+            got = flat(r["grads"])
+            error = max_diff(got, mean)
+            assert error <= TOL, (
+                f"{at}: after finalize(), max |p.grad - mean over ranks of the gradients| = {error:.2e} "
+                f"(tolerance {TOL:.0e}).{diagnose(got, mean, local[rank], params, world_size)} "
+                f"({r['calls']} all-reduces in the step, {n_buckets} expected.)")
+            if r["calls"] > n_buckets:
+                raise AssertionError(f"{at}: {r['calls']} all-reduces in one step, expected {n_buckets}, one per "
+                                     "bucket: too many messages (one per parameter, or a bucket launched twice?)")
+            assert r["calls"] == n_buckets, (
+                f"{at}: {r['calls']} all-reduces in one step, expected {n_buckets} (one per bucket)"
+                + (": did finish() reset pending for the next step?" if step else ""))
+            assert r["during_backward"] == n_buckets, (
+                f"{at}: only {r['during_backward']} of the {n_buckets} all-reduces started before backward() returned: "
+                "launch each bucket from the gradient hooks, during backward, not in finalize()")
+
+
+@public_check("4.3")
+def buckets_launched_during_backward_and_averaged(ns):
+    reducer_class = answer(ns, "Reducer")
+    report = run_on_ranks(_on_ranks_reducer, 3, (reducer_class, 2, 0.0), "Reducer")
+    _check_reducer_report(report, 3, range(3))
+
+
+@public_check("4.3")
+def finalize_waits_for_a_slow_rank(ns):
+    reducer_class = answer(ns, "Reducer")
+    report = run_on_ranks(_on_ranks_reducer, 2, (reducer_class, 1, SLOW_RANK_S), "Reducer with a slow rank")
+    _check_reducer_report(report, 2, [0])

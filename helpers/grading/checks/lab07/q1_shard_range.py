@@ -1,0 +1,71 @@
+"""Checks of lab 7.1: shard_range, ceil(numel / world_size) elements per shard, the padding on the last ranks."""
+import math
+
+from helpers.grading.registry import answer, public_check
+
+# --- 7.1 shard_range ----------------------------------------------------------------------------
+
+def _ref_shard_range(numel, rank, world_size):
+    size = math.ceil(numel / world_size)
+    start = min(rank * size, numel)
+    stop = min(start + size, numel)
+    return start, stop, size - (stop - start)
+
+
+def _compare(shard_range, cases, why=""):
+    for numel, world_size in cases:
+        for rank in range(world_size):
+            call = f"shard_range({numel}, rank={rank}, world_size={world_size})"
+            got = shard_range(numel, rank, world_size)
+            assert got is not None, f"{call} returned None: return (start, stop, pad)"
+            got = tuple(int(v) for v in got)
+            expected = _ref_shard_range(numel, rank, world_size)
+            assert got == expected, (f"{call} returned {got}; expected {expected}: every shard has "
+                                     f"ceil({numel} / {world_size}) = {math.ceil(numel / world_size)} elements of "
+                                     f"the padded flat parameter{why}")
+
+
+@public_check("7.1")
+def even_split(ns):
+    _compare(answer(ns, "shard_range"), [(12, 1), (12, 2), (12, 3), (12, 4), (385, 5)])
+
+
+@public_check("7.1")
+def padding_goes_to_the_last_ranks(ns):
+    _compare(answer(ns, "shard_range"), [(10, 3), (10, 4), (385, 2), (385, 3), (385, 4), (7, 6)],
+             why=", and the padding zeros sit at the end of the flat parameter")
+
+
+@public_check("7.1")
+def ranks_with_only_padding(ns):
+    """5 elements on 4 ranks: shards of 2, so rank 3 starts at element 6 > 5 and holds only padding."""
+    _compare(answer(ns, "shard_range"), [(5, 4), (1, 3), (2, 8), (9, 7)],
+             why="; a shard that starts past the last real element holds none (start == stop == numel)")
+
+
+@public_check("7.1")
+def shards_tile_the_flat_parameter(ns):
+    shard_range = answer(ns, "shard_range")
+    for numel in range(1, 40):
+        for world_size in range(1, 9):
+            ranges = [tuple(int(v) for v in shard_range(numel, rank, world_size)) for rank in range(world_size)]
+            size = math.ceil(numel / world_size)
+            assert all(stop - start + pad == size for start, stop, pad in ranges), (
+                f"numel={numel}, world_size={world_size}: every shard must have {size} elements "
+                f"(stop - start + pad); got {ranges}")
+            covered = [i for start, stop, _ in ranges for i in range(start, stop)]
+            assert covered == list(range(numel)), (
+                f"numel={numel}, world_size={world_size}: the ranges {ranges} must cover 0 .. {numel - 1} once, "
+                "in rank order")
+
+
+@public_check("7.1")
+def rejects_a_bad_rank(ns):
+    shard_range = answer(ns, "shard_range")
+    for rank in (3, -1):
+        try:
+            shard_range(10, rank, 3)
+        except ValueError:
+            continue
+        raise AssertionError(f"shard_range(10, rank={rank}, world_size=3) should raise ValueError "
+                             "(rank must be in 0 .. world_size - 1)")

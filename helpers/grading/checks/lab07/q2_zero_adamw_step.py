@@ -1,0 +1,157 @@
+"""Checks of lab 7.2: zero_adamw_step steps this rank's shard as torch AdamW would, then one all-gather."""
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from helpers.comm import CommLedger
+from helpers.grading.checks.lab07.common import (
+    TOL,
+    WORLD_SIZE,
+    _flat,
+    _launch,
+    _max_diff,
+    _memoized,
+    _ops,
+    _padded_shard,
+)
+from helpers.grading.registry import answer, public_check
+
+# --- 7.2 zero_adamw_step ------------------------------------------------------------------------
+
+STEPS_7_2 = 3
+# name -> (parameter shapes, lr, weight_decay). "model": 34 elements, shards of 12, 2 padding zeros on rank 2.
+# "tiny": 4 elements, shards of 2: rank 2 holds only padding. weight_decay=0 is torch.optim.Adam.
+CASES_7_2 = {"model": ([(4, 5), (4,), (2, 4), (2,)], 0.05, 0.1), "tiny": ([(3,), (1,)], 0.1, 0.0)}
+
+
+def _params_7_2(shapes):
+    generator = torch.Generator().manual_seed(7)
+    return [nn.Parameter(0.5 * torch.randn(shape, generator=generator)) for shape in shapes]
+
+
+def _mean_gradient_7_2(numel, step):
+    """The mean gradient of step `step`: the same on every rank (as after averaging)."""
+    return torch.randn(numel, generator=torch.Generator().manual_seed(100 + step))
+
+
+def _step_on_rank(step_fn):
+    """Runs on every rank: the student's step, STEPS_7_2 times per case, on this rank's shard of known gradients."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for case, (shapes, lr, weight_decay) in CASES_7_2.items():
+        params = _params_7_2(shapes)
+        numel = sum(p.numel() for p in params)
+        size = math.ceil(numel / world_size)
+        state = {"step": 0, "exp_avg": torch.zeros(size), "exp_avg_sq": torch.zeros(size)}
+        objects = [id(p) for p in params]
+        history, records = [], []
+        for step in range(STEPS_7_2):
+            grad_shard = _padded_shard(_mean_gradient_7_2(numel, step), rank, world_size).clone()
+            with CommLedger() as ledger:
+                step_fn(params, grad_shard, state, lr=lr, weight_decay=weight_decay)
+            history.append(_flat(params).clone())
+            records.append(_ops(ledger.records))
+        in_place = [id(p) for p in params] == objects and all(p.is_leaf and p.requires_grad for p in params)
+        out[case] = {"history": history, "records": records, "in_place": in_place, "step": state.get("step"),
+                     "exp_avg": state.get("exp_avg"), "exp_avg_sq": state.get("exp_avg_sq")}
+    return out
+
+
+def _reference_7_2(case):
+    """One process, torch.optim.AdamW on the whole parameters: parameters after each step, final state (flat)."""
+    shapes, lr, weight_decay = CASES_7_2[case]
+    params = _params_7_2(shapes)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    numel, history = sum(p.numel() for p in params), []
+    for step in range(STEPS_7_2):
+        offset, grad = 0, _mean_gradient_7_2(numel, step)
+        for p in params:
+            p.grad = grad[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        optimizer.step()
+        history.append(_flat(params).clone())
+    state = {key: _flat([optimizer.state[p][key] for p in params]) for key in ("exp_avg", "exp_avg_sq")}
+    return history, state
+
+
+def _step_results(ns):
+    fn = answer(ns, "zero_adamw_step")
+    hint = "Every rank must call exactly one dist.all_gather_single per step, with equal-sized shards. "
+    return _memoized("7.2", fn, lambda: _launch(_step_on_rank, fn, hint=hint))
+
+
+@public_check("7.2")
+def parameters_equal_torch_adamw(ns):
+    results = _step_results(ns)
+    for case, (shapes, lr, weight_decay) in CASES_7_2.items():
+        expected, _ = _reference_7_2(case)
+        for step in range(STEPS_7_2):
+            diff = _max_diff(results[0][case]["history"][step], expected[step])
+            assert diff < TOL, (
+                f"{sum(math.prod(s) for s in shapes)} parameters, lr={lr}, weight_decay={weight_decay}: after step "
+                f"{step + 1} rank 0's parameters differ from torch.optim.AdamW's by {diff:.3g} (tolerance {TOL:g}). "
+                "Check: the state's step counts from 1 (bias corrections 1 - beta**step); weight decay is decoupled "
+                "(p *= 1 - lr * weight_decay, before the Adam update, not added to the gradient); the updated "
+                "shard of every rank lands at offset rank * shard size of the gathered flat parameter")
+
+
+@public_check("7.2")
+def identical_on_every_rank(ns):
+    results = _step_results(ns)
+    for case in CASES_7_2:
+        for rank in range(1, WORLD_SIZE):
+            diff = _max_diff(results[rank][case]["history"][-1], results[0][case]["history"][-1])
+            assert diff == 0, (f"case {case!r}: rank {rank}'s parameters differ from rank 0's by {diff:.3g}; after "
+                               "the all-gather every rank must copy the same gathered flat parameter into its tensors")
+
+
+@public_check("7.2")
+def state_is_this_rank_shard_only(ns):
+    results = _step_results(ns)
+    for case, (shapes, _, _) in CASES_7_2.items():
+        _, expected = _reference_7_2(case)
+        numel = sum(math.prod(s) for s in shapes)
+        size = math.ceil(numel / WORLD_SIZE)
+        for rank, result in enumerate(results):
+            got = result[case]
+            assert got["step"] == STEPS_7_2, (f"case {case!r}, rank {rank}: state['step'] is {got['step']!r} after "
+                                              f"{STEPS_7_2} calls; increment it once per call (it starts at 0)")
+            for key in ("exp_avg", "exp_avg_sq"):
+                tensor = got[key]
+                assert isinstance(tensor, torch.Tensor) and tensor.shape == (size,) and tensor.dtype == torch.float32, (
+                    f"case {case!r}, rank {rank}: state[{key!r}] should be a float32 tensor of {size} elements "
+                    f"(this rank's shard of {numel} padded to a multiple of {WORLD_SIZE}); got "
+                    f"{getattr(tensor, 'dtype', type(tensor).__name__)} {tuple(getattr(tensor, 'shape', ()))}")
+                reference = _padded_shard(expected[key], rank, WORLD_SIZE)
+                diff = _max_diff(tensor, reference)
+                assert diff < TOL, (
+                    f"case {case!r}, rank {rank}: state[{key!r}] differs from torch.optim.AdamW's {key} for this "
+                    f"rank's shard by {diff:.3g}. Keep Adam's moments in state (updated in place every call); "
+                    "an optimizer created inside the function starts from zeros every call")
+
+
+@public_check("7.2")
+def one_all_gather_per_step(ns):
+    results = _step_results(ns)
+    for case, (shapes, _, _) in CASES_7_2.items():
+        padded = math.ceil(sum(math.prod(s) for s in shapes) / WORLD_SIZE) * WORLD_SIZE
+        expected = [("all_gather", 4 * padded)]
+        for rank, result in enumerate(results):
+            for step, ops in enumerate(result[case]["records"]):
+                assert ops == expected, (
+                    f"case {case!r}, rank {rank}, step {step + 1}: the ledger shows {ops}; expected exactly one "
+                    f"all_gather of the padded flat parameter ({padded} float32 = {4 * padded} bytes): each rank "
+                    "updates its own shard and dist.all_gather_single collects them. (An all_reduce or a broadcast "
+                    "per rank sends more; parameters are not averaged in ZeRO)")
+
+
+@public_check("7.2")
+def parameters_updated_in_place(ns):
+    for rank, result in enumerate(_step_results(ns)):
+        for case in CASES_7_2:
+            assert result[case]["in_place"], (
+                f"case {case!r}, rank {rank}: the parameters must stay the same tensor objects, trainable leaves "
+                "(an optimizer or a model holding them must see the update): copy the gathered values into them "
+                "under torch.no_grad() (p.copy_(...)); do not replace them in the list")

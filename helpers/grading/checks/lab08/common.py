@@ -1,0 +1,132 @@
+"""Shared pieces of lab 08's checks: the memoized launches, the units of 8.1 to 8.4, the reference layout."""
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.errors import CollectiveHang, RankFailed
+from helpers.grading.registry import answer
+from helpers.launch import launch
+
+WORLD_SIZE = 3  # 8.2 to 8.4; 8.1 also runs on 4 ranks, 8.5 on 2, 3 and 4
+HANG_S = 20.0  # a check whose ranks wait longer than this reports CollectiveHang instead of hanging
+# float32 sums of the same numbers in another order differ by a few roundings of 2**-24 (chapter 08, section 5); SGD,
+# unlike Adam, does not amplify that, so it stays far below 1e-6, and any real bug is far above.
+TOL = 1e-6
+
+_memo = {}  # question -> (key, (ok, value)) of the last launches for that question
+
+
+def _results(question, key, fn, world_sizes, *args):
+    """{world size: [rank results]} of fn(*args), launched once per key; a failure is re-raised by every check."""
+    if question not in _memo or _memo[question][0] != key:
+        try:
+            outcome = True, {n: launch(fn, n, args=args, backend="gloo", hang_timeout=HANG_S) for n in world_sizes}
+        except (CollectiveHang, RankFailed) as exc:
+            if isinstance(exc, RankFailed) and exc.exitcode is None:
+                outcome = False, exc  # an exception in the student's code: its own message is the best report
+            else:
+                outcome = False, AssertionError(
+                    "the ranks did not finish together: every rank must issue the same collectives, with tensors of "
+                    f"the same sizes. Launcher's report: {exc}")
+        except Exception as exc:  # noqa: BLE001 - every check of the question reports the same failure
+            outcome = False, exc
+        _memo[question] = (key, outcome)
+    ok, value = _memo[question][1]
+    if not ok:
+        raise value
+    return value
+
+
+def _method(ns, name):
+    cls = answer(ns, "FlatShard")
+    assert callable(getattr(cls, name, None)), f"FlatShard has no method `{name}`: run the cell that defines it"
+    return cls, getattr(cls, name)
+
+
+def _each(results):
+    """(where, n, rank, got, s) for every world size n, rank and unit; s = elements per shard."""
+    for n, ranks in results.items():
+        for rank, result in enumerate(ranks):
+            for case, got in result.items():
+                where = f"{case} unit ({got['numel']} parameters), rank {rank} of {n}"
+                yield where, n, rank, got, -(-got["numel"] // n)
+
+
+def _flat(tensors):
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _padded(flat, n):
+    return torch.cat([flat, flat.new_zeros(-flat.numel() % n)])
+
+
+def _diff(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def _head(t):
+    """The first elements of t, rounded: enough to see a wrong order in a message."""
+    return [round(v, 4) for v in t.reshape(-1)[:4].tolist()]
+
+
+def _error(exc):
+    if isinstance(exc, NotImplementedError):
+        raise exc
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+# --- the units of 8.1 to 8.4, and the reference layout -----------------------------------------------------------
+
+def _block():
+    """A nested unit: Linear(5, 4), LayerNorm(4), Tanh, Linear(4, 3): 47 parameters, all random."""
+    torch.manual_seed(8)
+    block = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Tanh(), nn.Linear(4, 3))
+    for p in block.parameters():
+        nn.init.normal_(p)
+    return block
+
+
+def _tiny():
+    torch.manual_seed(9)
+    return nn.Linear(1, 1)
+
+
+UNITS = {"block": (_block, 5), "tiny": (_tiny, 1)}  # name -> (maker, input features)
+
+
+def _ref_init(unit, module):
+    """The layout 8.1 asks for, written onto `unit`, an instance of the student's class made without __init__."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    named = [(k.rpartition("."), p) for k, p in module.named_parameters() if not k.endswith("flat_shard")]
+    unit.module, unit.param_infos = module, [(module.get_submodule(prefix), attr) for (prefix, _, attr), _ in named]
+    unit.shapes, unit.numels = [p.shape for _, p in named], [p.numel() for _, p in named]
+    unit.numel, size = sum(unit.numels), -(-sum(unit.numels) // n)
+    unit.padded_numel = size * n
+    flat = _padded(_flat(p for _, p in named), n)
+    unit.flat_shard = nn.Parameter(flat[rank * size : (rank + 1) * size].clone())
+    for owner, attr in unit.param_infos:
+        delattr(owner, attr)
+    module.register_parameter("flat_shard", unit.flat_shard)
+    unit.flat = torch.zeros_like(flat, requires_grad=True)
+    unit.flat.untyped_storage().resize_(0)
+    return unit
+
+
+def _ref_unshard(unit):
+    unit.flat.untyped_storage().resize_(4 * unit.padded_numel)
+    dist.all_gather_single(unit.flat.data, unit.flat_shard.data)
+    views = unit.flat.split(unit.numels + [unit.padded_numel - unit.numel])
+    for (owner, attr), view, shape in zip(unit.param_infos, views, unit.shapes):
+        setattr(owner, attr, view.view(shape))
+
+
+def _case(cls, make, features):
+    """(module, its unit by _ref_init, x, what a result holds: names, shapes, numel, the flat parameters and the
+    padded flat gradient of (module(x)**2).sum())."""
+    module, reference, n = make(), make(), dist.get_world_size()
+    x = torch.randn(3, features, generator=torch.Generator().manual_seed(80))
+    grads = torch.autograd.grad(reference(x).square().sum(), list(reference.parameters()))
+    got = {"names": [k for k, _ in module.named_parameters()], "shapes": [tuple(p.shape) for p in module.parameters()],
+           "original": _flat(module.parameters()), "grad": _padded(_flat(grads), n)}
+    got["numel"] = got["original"].numel()
+    return module, _ref_init(object.__new__(cls), module), x, got

@@ -1,0 +1,82 @@
+"""Checks of lab 8.1: FlatShard.__init__, this rank's shard of the padded flat parameter, the layout, an empty flat."""
+import math
+
+import torch
+from torch import nn
+
+from helpers.grading.checks.lab08.common import _block, _each, _flat, _head, _padded, _results, _tiny
+from helpers.grading.registry import answer, public_check
+
+# --- 8.1 FlatShard.__init__ --------------------------------------------------------------------------------------
+
+def _init_on_rank(cls):
+    out, root = {}, nn.Sequential(_block(), nn.Linear(3, 2))  # the root's unit takes the 8 parameters of root[1]
+    for case, module in {"block": _block(), "tiny": _tiny(), "root": root}.items():
+        if case == "root":
+            cls(root[0])  # an inner unit, wrapped first
+        named = [(k, p) for k, p in module.named_parameters() if not k.endswith("flat_shard")]
+        where = {id(m): k for k, m in module.named_modules()}
+        unit = cls(module)
+        shard, flat = getattr(unit, "flat_shard", None), getattr(unit, "flat", None)
+        infos = [f"{where.get(id(owner), '?')}.{attr}".lstrip(".") for owner, attr in getattr(unit, "param_infos", [])]
+        out[case] = {
+            "numel": sum(p.numel() for _, p in named), "original": _flat(p for _, p in named),
+            "names": [k for k, _ in named], "shapes": [tuple(p.shape) for _, p in named],
+            "layout": (getattr(unit, "numel", None), infos, [tuple(s) for s in getattr(unit, "shapes", [])],
+                       getattr(unit, "numels", None), getattr(unit, "padded_numel", None)),
+            "shard": shard.detach().clone() if isinstance(shard, torch.Tensor) else None,
+            "registered": isinstance(shard, nn.Parameter) and module._parameters.get("flat_shard") is shard,
+            "others": [k for k, p in module.named_parameters() if p is not shard and not k.endswith(".flat_shard")],
+            "shard_bytes": shard.untyped_storage().nbytes() if isinstance(shard, torch.Tensor) else None,
+            "flat": (tuple(flat.shape), flat.is_leaf and flat.requires_grad, flat.untyped_storage().nbytes())
+            if isinstance(flat, torch.Tensor) else None}
+    return out
+
+
+def _r81(ns):
+    cls = answer(ns, "FlatShard")
+    return _results("8.1", (cls, cls.__dict__.get("__init__")), _init_on_rank, (3, 4), cls)
+
+
+@public_check("8.1")
+def shard_is_this_ranks_piece_of_the_padded_flat(ns):
+    for where, n, rank, got, size in _each(_r81(ns)):
+        assert got["shard"] is not None and got["shard"].shape == (size,), (
+            f"{where}: flat_shard is {tuple(getattr(got['shard'], 'shape', ()))}; expected ({size},), "
+            f"ceil({got['numel']} / {n}) elements. Pad the flat parameter with zeros at its end to {size * n} "
+            "elements first (torch.chunk does not pad: its shards are unequal, or missing)")
+        expected = _padded(got["original"], n)[rank * size : (rank + 1) * size]
+        assert torch.equal(got["shard"], expected), (
+            f"{where}: flat_shard is {_head(got['shard'])}...; expected elements [{rank * size}, {(rank + 1) * size}) "
+            f"of the flat parameter (named_parameters order, zeros after the last real one): {_head(expected)}...")
+
+
+@public_check("8.1")
+def the_shard_is_the_units_only_parameter(ns):
+    for where, n, rank, got, size in _each(_r81(ns)):
+        assert got["registered"] and not got["others"], (
+            f"{where}: flat_shard registered on the module as an nn.Parameter: {got['registered']}; other "
+            f"parameters left: {got['others']}. Expected flat_shard only (register_parameter), the originals deleted "
+            "from the modules that own them")
+        assert got["shard_bytes"] == 4 * size, (
+            f"{where}: flat_shard's storage holds {got['shard_bytes']} bytes; expected 4 x {size} = {4 * size}, "
+            "storage of its own: clone() the slice, which otherwise keeps the whole flat buffer alive")
+
+
+@public_check("8.1")
+def layout_recorded_in_named_parameters_order(ns):
+    for where, n, rank, got, size in _each(_r81(ns)):
+        expected = (got["numel"], got["names"], got["shapes"], [math.prod(s) for s in got["shapes"]], size * n)
+        assert got["layout"] == expected, (
+            f"{where}: (numel, param_infos as names, shapes, numels, padded_numel) is {got['layout']}; expected "
+            f"{expected}. param_infos holds (owner module, attribute name) pairs; skip the parameters named "
+            "flat_shard, which inner units registered (after FlatShard(root[0]), FlatShard(root) takes root[1]'s)")
+
+
+@public_check("8.1")
+def unsharded_buffer_holds_no_bytes(ns):
+    for where, n, rank, got, size in _each(_r81(ns)):
+        expected = ((size * n,), True, 0)
+        assert got["flat"] == expected, (
+            f"{where}: self.flat is (shape, leaf with requires_grad, storage bytes) {got['flat']}; expected "
+            f"{expected}: it exists with its shape but holds no memory until unshard() (untyped_storage().resize_(0))")

@@ -1,0 +1,92 @@
+"""Checks of lab 8.2: FlatShard.unshard, one all-gather into self.flat and autograd views of it as the parameters."""
+import math
+
+import torch
+
+from helpers.comm import CommLedger
+from helpers.grading.checks.lab08.common import (
+    TOL,
+    UNITS,
+    WORLD_SIZE,
+    _case,
+    _diff,
+    _each,
+    _error,
+    _head,
+    _method,
+    _results,
+)
+from helpers.grading.registry import public_check
+
+# --- 8.2 unshard --------------------------------------------------------------------------------------------------
+
+def _unshard_on_rank(cls):
+    out = {}
+    for case, (make, features) in UNITS.items():
+        module, unit, x, got = _case(cls, make, features)
+        flat = unit.flat
+        with CommLedger() as ledger:
+            unit.unshard()
+        views = [getattr(owner, attr, None) for owner, attr in unit.param_infos]
+        # a view whose storage lacks its bytes must not be read: that can crash the process
+        ok = [isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() >= 4 * (v.storage_offset() + v.numel())
+              for v in views]
+        got.update(ops=[(r.op, r.payload_bytes) for r in ledger.records], same=unit.flat is flat,
+                   flat_bytes=flat.untyped_storage().nbytes(), views=[v.detach().clone() if o else None
+                                                                      for v, o in zip(views, ok)],
+                   linked=[o and v.grad_fn is not None and v.untyped_storage().data_ptr() ==
+                           flat.untyped_storage().data_ptr() for v, o in zip(views, ok)], error=None)
+        try:  # forward, post_forward's free, pre_backward's second unshard, backward through what forward saved
+            loss = module(x).square().sum()
+            flat.untyped_storage().resize_(0)
+            unit.unshard()
+            loss.backward()
+            got["flat_grad"] = flat.grad
+        except Exception as exc:  # noqa: BLE001 - reported by the check
+            got["error"] = _error(exc)
+        out[case] = got
+    return out
+
+
+def _r82(ns):
+    cls, fn = _method(ns, "unshard")
+    return _results("8.2", fn, _unshard_on_rank, (WORLD_SIZE,), cls)
+
+
+@public_check("8.2")
+def views_equal_the_original_parameters(ns):
+    for where, n, rank, got, size in _each(_r82(ns)):
+        start = 0
+        for name, view, shape in zip(got["names"], got["views"], got["shapes"]):
+            stop = start + math.prod(shape)
+            expected = got["original"][start:stop].view(shape)
+            assert view is not None and view.shape == shape and torch.equal(view, expected), (
+                f"{where}: after unshard, {name} is "
+                f"{'missing, or without bytes' if view is None else _head(view)}; expected "
+                f"flat[{start}:{stop}] shaped {shape}, starting {_head(expected)}. Rank r's shard "
+                f"lands at offset r x {size} of self.flat, and the views follow param_infos, the padding last")
+            start = stop
+
+
+@public_check("8.2")
+def one_all_gather_into_flat_and_autograd_views(ns):
+    for where, n, rank, got, size in _each(_r82(ns)):
+        expected = [("all_gather", 4 * size * n)]
+        assert got["ops"] == expected and got["same"] and got["flat_bytes"] == 4 * size * n, (
+            f"{where}: the ledger shows {got['ops']} (op, bytes); self.flat is the same tensor: {got['same']}, "
+            f"holding {got['flat_bytes']} bytes. Expected {expected}, one dist.all_gather_single into self.flat's "
+            f"storage resized to {4 * size * n} bytes, the same tensor (the hooks are registered on it)")
+        bad = [name for name, linked in zip(got["names"], got["linked"]) if not linked]
+        assert not bad, (f"{where}: {bad} are not views of self.flat made with autograd: split self.flat itself (not "
+                         "a copy, not under torch.no_grad()) so that their gradients accumulate into flat.grad")
+
+
+@public_check("8.2")
+def gradients_reach_flat_grad_after_a_second_unshard(ns):
+    for where, n, rank, got, size in _each(_r82(ns)):
+        hint = (" Write the gathered values through self.flat.data: an in-place write into self.flat bumps the "
+                "version counter of the views autograd saved" if "inplace" in (got["error"] or "") else "")
+        assert got["error"] is None, f"{where}: forward, free, unshard again, backward failed: {got['error']}.{hint}"
+        assert got["flat_grad"] is not None and _diff(got["flat_grad"], got["grad"]) < TOL, (
+            f"{where}: after backward, flat.grad is not the gradient of the unit's parameters in flat order, with "
+            "zeros at the padding")

@@ -1,0 +1,81 @@
+"""Checks of lab 8.4: FlatShard.reduce_scatter_grads accumulates this rank's shard of the mean gradient."""
+import torch
+import torch.distributed as dist
+
+from helpers.comm import CommLedger
+from helpers.grading.checks.lab08.common import TOL, UNITS, WORLD_SIZE, _case, _diff, _each, _method, _results
+from helpers.grading.registry import public_check
+from helpers.memory import state_bytes
+
+# --- 8.4 reduce_scatter_grads -------------------------------------------------------------------------------------
+
+def _local_grad(rank, padded, numel, call):
+    """Rank's flat.grad in call `call`: random, zeros at the padding (as backward through the views leaves it)."""
+    grad = torch.randn(padded, generator=torch.Generator().manual_seed(100 * call + rank))
+    grad[numel:] = 0
+    return grad
+
+
+def _reduce_on_rank(cls):
+    out = {}
+    for case, (make, features) in UNITS.items():
+        module, unit, _, got = _case(cls, make, features)
+        before, got["calls"] = unit.flat_shard.detach().clone(), []
+        for call in range(2):  # the second accumulates onto the first
+            unit.flat.grad = _local_grad(dist.get_rank(), unit.padded_numel, unit.numel, call)
+            with CommLedger() as ledger:
+                unit.reduce_scatter_grads()
+            grad, left = unit.flat_shard.grad, unit.flat.grad
+            held = state_bytes(module, extra={"grads": [] if left is None else [left]})["grads"]  # flat.grad too
+            got["calls"].append({"grad": None if grad is None else grad.clone(), "left": left is not None,
+                                 "ops": [(r.op, r.payload_bytes) for r in ledger.records], "bytes": held})
+        got["moved"] = not torch.equal(before, unit.flat_shard.detach())
+        out[case] = got
+    return out
+
+
+def _r84(ns):
+    cls, fn = _method(ns, "reduce_scatter_grads")
+    return _results("8.4", fn, _reduce_on_rank, (WORLD_SIZE,), cls)
+
+
+def _mean_shard(n, rank, numel, size, calls):
+    mean = sum(_local_grad(r, size * n, numel, c) for r in range(n) for c in calls) / n
+    return mean[rank * size : (rank + 1) * size]
+
+
+@public_check("8.4")
+def shard_of_the_mean_gradient_accumulated(ns):
+    for where, n, rank, got, size in _each(_r84(ns)):
+        grad, expected = got["calls"][0]["grad"], _mean_shard(n, rank, got["numel"], size, [0])
+        assert grad is not None and grad.shape == (size,), (
+            f"{where}: flat_shard.grad is {None if grad is None else tuple(grad.shape)}; expected ({size},), this "
+            "rank's shard of the mean gradient")
+        assert not _diff(grad, n * expected) < TOL < _diff(grad, expected), (
+            f"{where}: flat_shard.grad is the SUM over the {n} ranks: divide by the world size (DDP averages)")
+        assert _diff(grad, expected) < TOL, (f"{where}: flat_shard.grad differs by {_diff(grad, expected):.3g} from "
+                                             f"elements [{rank * size}, {(rank + 1) * size}) of the mean flat.grad")
+        grad, expected = got["calls"][1]["grad"], _mean_shard(n, rank, got["numel"], size, [0, 1])
+        assert grad is not None and _diff(grad, expected) < TOL, (
+            f"{where}: after a second backward's reduce_scatter_grads, flat_shard.grad should be the sum of both mean "
+            "shards (gradients accumulate until zero_grad, as in torch); it is not")
+
+
+@public_check("8.4")
+def frees_the_full_gradient(ns):
+    for where, n, rank, got, size in _each(_r84(ns)):
+        for call in got["calls"]:
+            assert not call["left"] and call["bytes"] == 4 * size, (
+                f"{where}: after reduce_scatter_grads the unit holds {call['bytes']} bytes of gradient (flat.grad is "
+                f"None: {not call['left']}); expected only the shard's 4 x {size}: set self.flat.grad = None")
+        assert not got["moved"], f"{where}: flat_shard changed; only its .grad may be touched"
+
+
+@public_check("8.4")
+def one_reduce_scatter_of_the_padded_gradient(ns):
+    for where, n, rank, got, size in _each(_r84(ns)):
+        expected = [("reduce_scatter", 4 * size * n)]
+        for call in got["calls"]:
+            assert call["ops"] == expected, (
+                f"{where}: the ledger shows {call['ops']} (op, bytes); expected {expected}: one "
+                "dist.reduce_scatter_single of the padded flat.grad (an all_reduce sends twice the bytes)")

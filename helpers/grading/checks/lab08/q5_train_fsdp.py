@@ -1,0 +1,119 @@
+"""Checks of lab 8.5: train_fsdp equals torch DDP + SGD on 2, 3 and 4 ranks and holds only shards between steps."""
+import collections
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.comm import CommLedger
+from helpers.grading.checks.lab08.common import TOL, _diff, _flat, _results
+from helpers.grading.registry import answer, public_check
+from helpers.memory import state_bytes
+
+# --- 8.5 train_fsdp -----------------------------------------------------------------------------------------------
+
+D, H, BATCH, STEPS, LR, MOMENTUM = 4, 6, 4, 3, 0.05, 0.9
+UNIT_NAMES = ["body.0", "body.1"]  # 70 parameters each; the root keeps the head's 5
+
+
+def _model():
+    torch.manual_seed(5)
+    body = [nn.Sequential(nn.Linear(D, H), nn.LayerNorm(H), nn.Tanh(), nn.Linear(H, D)) for _ in range(2)]
+    return nn.Sequential(collections.OrderedDict(body=nn.Sequential(*body), head=nn.Linear(D, 1)))
+
+
+def _unit_orders():
+    """{unit name: the original parameter names it holds, in flat order}; "" is the root."""
+    names = [k for k, _ in _model().named_parameters()]
+    orders = {u: [k for k in names if k.startswith(u + ".")] for u in UNIT_NAMES}
+    return {**orders, "": [k for k in names if not any(k.startswith(u + ".") for u in UNIT_NAMES)]}
+
+
+def _train_on_rank(train):
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    generator = torch.Generator().manual_seed(50 + rank)  # different data on every rank
+    batches = [(torch.randn(BATCH, D, generator=generator), torch.randn(BATCH, 1, generator=generator))
+               for _ in range(STEPS)]
+    model = _model()
+    with CommLedger() as ledger:
+        units = train(model, list(UNIT_NAMES), batches, lr=LR, momentum=MOMENTUM)
+    modules, full = dict(model.named_modules()), {}
+    for name in _unit_orders():  # every unit's parameters, all-gathered from the shards
+        shard = modules[name]._parameters.get("flat_shard")
+        if shard is not None:
+            full[name] = shard.new_empty(n * shard.numel())
+            dist.all_gather_single(full[name], shard.detach())
+    flats = [getattr(u, "flat", None) for u in units] if isinstance(units, (list, tuple)) else [None]
+    held = state_bytes(model, extra={"unsharded": flats}) if all(isinstance(f, torch.Tensor) for f in flats) else None
+    reference = DistributedDataParallel(_model())
+    optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(reference(x), y).backward()
+        optimizer.step()
+    return {"full": full, "ddp": {k: p.detach().clone() for k, p in reference.module.named_parameters()},
+            "ops": sorted((r.op, r.payload_bytes) for r in ledger.records), "held": held}
+
+
+def _r85(ns):
+    cls = answer(ns, "FlatShard")
+    methods = ("__init__", "unshard", "reshard", "reduce_scatter_grads", "register_hooks")
+    key = (answer(ns, "train_fsdp"), *(cls.__dict__.get(m) for m in methods))
+    return _results("8.5", key, _train_on_rank, (2, 3, 4), key[0])
+
+
+def _units(ns):
+    """(n, ranks, name, label, DDP's parameters of that unit, flat) for every world size and unit."""
+    for n, ranks in _r85(ns).items():
+        for name, order in _unit_orders().items():
+            label = repr(name) if name else "root"
+            assert name in ranks[0]["full"], (
+                f"N={n}: the {label} module has no flat_shard after train_fsdp: make a unit of every module in "
+                "unit_names, then of the root (FlatShard(model)), which takes the parameters left")
+            yield n, ranks, name, label, _flat(ranks[0]["ddp"][k] for k in order)
+
+
+@public_check("8.5")
+def identical_on_every_rank_despite_different_data(ns):
+    for n, ranks, name, label, _ in _units(ns):
+        for rank in range(1, n):
+            diff = _diff(ranks[rank]["full"][name], ranks[0]["full"][name])
+            assert diff == 0, (f"N={n}: after {STEPS} steps on different data, rank {rank}'s {label} unit differs from "
+                               f"rank 0's by {diff:.3g}: every rank must step its shard with the MEAN gradient")
+
+
+@public_check("8.5")
+def equals_torch_ddp_with_sgd(ns):
+    for n, ranks, name, label, expected in _units(ns):
+        got = ranks[0]["full"][name][: expected.numel()]
+        assert _diff(got, expected) < TOL, (
+            f"N={n}: after {STEPS} steps the {label} unit differs from torch DDP + SGD(lr={LR}, momentum={MOMENTUM}) "
+            f"by {_diff(got, expected):.3g} (tolerance {TOL:g}). Check: units bottom-up (unit_names, then the root), "
+            "hooks on every unit, the optimizer built AFTER sharding, zero_grad every step, the mean MSE loss")
+
+
+@public_check("8.5")
+def two_all_gathers_and_one_reduce_scatter_per_unit_and_step(ns):
+    for n, ranks in _r85(ns).items():
+        padded = [4 * -(-sum(ranks[0]["ddp"][k].numel() for k in o) // n) * n for o in _unit_orders().values()]
+        expected = sorted([("all_gather", b) for b in padded * 2 * STEPS]
+                          + [("reduce_scatter", b) for b in padded * STEPS])
+        for rank, result in enumerate(ranks):
+            assert result["ops"] == expected, (
+                f"N={n}, rank {rank}: {STEPS} steps issued {dict(collections.Counter(result['ops']))} (op, bytes); "
+                f"expected per step and unit (padded bytes {padded}) two all_gathers (forward, backward) and one "
+                "reduce_scatter: 3 Psi, 1.5x DDP")
+
+
+@public_check("8.5")
+def only_shards_held_between_steps(ns):
+    for n, ranks in _r85(ns).items():
+        shards = sum(4 * -(-sum(ranks[0]["ddp"][k].numel() for k in o) // n) for o in _unit_orders().values())
+        for rank, result in enumerate(ranks):
+            assert result["held"] is not None, f"N={n}: train_fsdp should return its units (FlatShard objects)"
+            got = tuple(result["held"][k] for k in ("params", "grads", "unsharded"))
+            assert got == (shards, shards, 0), (
+                f"N={n}, rank {rank}: after training the rank holds (params, grads, unsharded) = {got} bytes; expected "
+                f"({shards}, {shards}, 0): only the shards and their gradients, every unit resharded")

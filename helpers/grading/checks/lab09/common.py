@@ -1,0 +1,94 @@
+"""Shared pieces of lab 09's checks: the residual MLP, each rank's batches, the rule of 9.1, run_on_ranks."""
+import math
+
+import torch
+from torch import nn
+
+from helpers import theory
+from helpers.errors import CollectiveHang, RankFailed
+from helpers.launch import launch
+
+HANG_TIMEOUT_S = 20.0
+STRATEGY_ORDER = ("no_shard", "shard_grad_op", "hybrid_shard", "full_shard")
+FP32_ADAM = {"k": 8, "param_bytes": 4, "grad_bytes": 4}  # fp32 parameters and gradients, Adam's two fp32 moments
+LR, STEPS, BATCH = 0.01, 3, 6
+TOL = 1e-5  # max |parameters - torch DDP's| after STEPS Adam steps (float32 sums in another order, through Adam)
+D_IN, WIDTH, DEPTH, D_OUT = 5, 10, 2, 3
+OPS = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+# --------------------------------------------------------------------------------------------- shared pieces
+class Layer(nn.Module):
+    """The checks' block type: a residual two-layer MLP."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return x + self.fc2(torch.tanh(self.fc1(x)))
+
+
+class Net(nn.Module):
+    """embed -> DEPTH Layers -> head: the root unit holds embed and head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(D_IN, WIDTH)
+        self.layers = nn.ModuleList(Layer(WIDTH) for _ in range(DEPTH))
+        self.head = nn.Linear(WIDTH, D_OUT)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def make_net():
+    torch.manual_seed(0)
+    return Net()
+
+
+def rank_batches(rank, steps=STEPS):
+    """This rank's batches: different on every rank and at every step."""
+    generator = torch.Generator().manual_seed(900 + rank)
+    return [(torch.randn(BATCH, D_IN, generator=generator), torch.randn(BATCH, D_OUT, generator=generator))
+            for _ in range(steps)]
+
+
+def num_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def padded_num_params(model, shards):
+    """Parameters counted as FSDP stores them: every dim 0 rounded up to a multiple of `shards`."""
+    return sum(math.ceil(p.shape[0] / shards) * shards * (p.numel() // p.shape[0]) for p in model.parameters())
+
+
+def reference_choose(num_params, world_size, budget, *, group_size=None, **convention):
+    """The rule of 9.1: fewest wire bytes among the strategies that fit; ties to the earlier in STRATEGY_ORDER."""
+    best = None
+    for strategy in STRATEGY_ORDER:
+        if strategy == "hybrid_shard" and group_size is None:
+            continue
+        g = group_size if strategy == "hybrid_shard" else None
+        if theory.strategy_memory(num_params, world_size, strategy, group_size=g, **convention)["total"] > budget:
+            continue
+        sent = theory.comm_volume(strategy, num_params, world_size, group_size=g, kind="wire")
+        if best is None or sent < best[0]:
+            best = (sent, strategy)
+    return best[1] if best else None
+
+
+def run_on_ranks(fn, world_size, args, what):
+    """launch() for checks: Gloo, short hang timeout; a hang or a crash becomes a failure that says what happened."""
+    try:
+        return launch(fn, world_size, args=args, backend="gloo", hang_timeout=HANG_TIMEOUT_S)
+    except CollectiveHang as exc:
+        raise AssertionError(f"{what} hung at world size {world_size} (no progress for {HANG_TIMEOUT_S:g} s): the "
+                             f"ranks did not issue the same collectives. Launcher report:\n{exc}") from None
+    except RankFailed as exc:
+        if exc.exc_type == "NotImplementedError":
+            raise
+        raise AssertionError(f"{what} at world size {world_size}: a rank raised: {exc}") from None

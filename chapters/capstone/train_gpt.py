@@ -198,9 +198,9 @@ def main(argv=None):
 if __name__ == "__main__":
     main()
     # torch 2.13: once torch._dynamo is imported (optimizer.step imports it) the Gloo group outlives
-    # destroy_process_group, and its threads race the interpreter's teardown. Measured here: 4 of 73 runs of
-    # tests/test_capstone_torchrun.py's command on a busy 2-core machine ended in SIGABRT ("terminate called
-    # without an active exception") after every line was printed. All is said and the group is destroyed: leave
+    # destroy_process_group, and its threads race the interpreter's teardown. Measured here: 4 of 95 runs of
+    # tests/test_capstone_torchrun.py's command on 2 cores (more often when busy) ended in SIGABRT ("terminate
+    # called without an active exception") after every line was printed. All is said and the group is destroyed: leave
     # without the teardown.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -15,19 +15,29 @@ def is_answer(cell):
     return "### BEGIN SOLUTION" in cell.source
 
 
-def namespace(path, select, override=""):
+def namespace(path, select, override="", transform=lambda source, cell: source):
     """Run the code cells of the solution at `path` that select(cell) keeps, then `override`, in a fresh namespace.
 
-    The namespace's __name__ is not an importable module, so cloudpickle ships its functions to the ranks by
-    value, as it does from a notebook. IPython magics (lines starting with %) are left out.
+    transform(source, cell) may cut a cell down (to source or an ast.Module) before it runs. The namespace's
+    __name__ is not an importable module, so cloudpickle ships its functions to the ranks by value, as it does
+    from a notebook. IPython magics (lines starting with %) are left out.
     """
     ns = {"__name__": f"lab{path.name[:2]}_solution"}
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type == "code" and select(cell):
             source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
-            exec(compile(source, f"<solution cell {cell.id}>", "exec"), ns)
+            exec(compile(transform(source, cell), f"<solution cell {cell.id}>", "exec"), ns)
     exec(textwrap.dedent(override), ns)
     return ns
+
+
+def keep_definitions(source, cell):
+    """The parameters cell whole (sizes and seeds the answers read); of the others, imports, defs and classes."""
+    if "parameters" in cell.metadata.get("tags", []):
+        return source
+    tree = ast.parse(source)
+    tree.body = [node for node in tree.body if isinstance(node, DEFINITIONS)]
+    return tree
 
 
 def definitions(path, override=""):
@@ -35,20 +45,7 @@ def definitions(path, override=""):
 
     A wrong answer in `override` replaces one definition. Nothing launches, so this is cheap to build per test.
     """
-    def keep_definitions(source, cell):
-        if "parameters" in cell.metadata.get("tags", []):  # sizes and seeds the answers read
-            return source
-        tree = ast.parse(source)
-        tree.body = [node for node in tree.body if isinstance(node, DEFINITIONS)]
-        return tree
-
-    ns = {"__name__": f"lab{path.name[:2]}_solution"}
-    for cell in nbformat.read(path, as_version=4).cells:
-        if cell.cell_type == "code":
-            source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
-            exec(compile(keep_definitions(source, cell), f"<solution cell {cell.id}>", "exec"), ns)
-    exec(textwrap.dedent(override), ns)
-    return ns
+    return namespace(path, lambda cell: True, override, transform=keep_definitions)
 
 
 def assert_report_mentions(question, namespace, *fragments):

@@ -48,8 +48,10 @@ def probe_source(question, setup, probes, nonce):
     )
 
 
-def assemble(released, submission, setup, probes):
-    """(graded notebook, {question: nonce}, [questions whose answer cell was not found])."""
+def assemble(released, submission, setup, probes, seed=0):
+    """(graded notebook, {question: nonce}, [questions whose answer cell was not found]).
+
+    seed: the grading run's secret probe seed (probe inputs will derive from it)."""
     graded = nbformat.v4.new_notebook(metadata=released.metadata)
     nonces, missing = {}, []
     # A question may span several answer cells (two functions): probe it once, after its last one.
@@ -85,3 +87,13 @@ def probe_values(graded, question, nonce):
             if data and data.get("question") == question and data.get("nonce") == nonce:
                 return {r["name"]: r for r in data["results"]}
     return {}
+
+
+def answer_sources(graded):
+    """{question: the source of its answer cells} in a graded notebook."""
+    sources = {}
+    for cell in graded.cells:
+        if cell.metadata.get("dp_course_kind") == "answer":
+            for question in answer_questions(cell):
+                sources[question] = sources.get(question, "") + cell.source + "\n"
+    return sources

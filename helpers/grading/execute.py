@@ -1,100 +1,252 @@
-"""Execute a graded notebook cell by cell in a fenced kernel, with a per-cell and a total time limit."""
+"""Execute a graded notebook cell by cell in a sandboxed kernel, with a per-cell and a total time limit.
+
+A cell that overruns its limit is interrupted; one that ignores the interrupt for `grace_seconds` more is
+killed with its whole sandbox. So is one that kills its own kernel. Either way the grader starts a new
+kernel, replays the lab's cells and the earlier answers (never the one that hung or killed the kernel,
+never the probes) and goes on with the next cell: a hung question costs only that question.
+"""
+import copy
 import dataclasses
 import math
+import subprocess
 import threading
 import time
+from queue import Empty
 
+import nbformat
+from jupyter_client import BlockingKernelClient
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from helpers.grading.sandbox import kill_session, make_kernel_manager, working_directory
+from helpers.grading.sandbox import Fences, kill_session, make_kernel_manager, working_directory
+
+_ORDER = ["ok", "error", "timeout", "dead_kernel"]
 
 
 @dataclasses.dataclass
 class Limits:
-    """How much one submission may use."""
+    """How much one submission may use, and the fences around its kernel."""
 
     cell_seconds: float = 60.0
     total_seconds: float = 300.0
+    grace_seconds: float = 5.0  # after the interrupt, before the kernel is killed
     memory_bytes: int = 4 * 2**30
-    isolate_network: bool = False
-    drop_user: bool = False
+    max_tasks: int = 512  # processes and threads of one kernel (4 ranks use about 100)
+    fences: Fences = Fences(sandbox=False, drop_user=False, memory=False)
     hidden_dirs: tuple = ()
     readonly_dirs: tuple = ()
+    log_path: str = ""  # where the kernel's own stdout/stderr go ("" = discarded)
 
 
 @dataclasses.dataclass
 class Execution:
-    """What happened: overall status and one log row per cell."""
+    """What happened: overall status, one log row per cell, and how many kernels it took."""
 
     status: str = "ok"  # ok | error | timeout | dead_kernel
     cells: list = dataclasses.field(default_factory=list)
-
-
-def _cell_status(cell, seconds, limit):
-    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    if not errors:
-        return "ok"
-    # Our interrupt at the time limit reaches the cell as KeyboardInterrupt.
-    if errors[0].get("ename") == "KeyboardInterrupt" and seconds >= limit - 0.5:
-        return "timeout"
-    return "error"
+    kernels: int = 0
 
 
 def _worst(a, b):
-    order = ["ok", "error", "timeout", "dead_kernel"]
-    return max(a, b, key=order.index)
+    return max(a, b, key=_ORDER.index)
+
+
+def _kind(cell):
+    return cell.metadata.get("dp_course_kind")
+
+
+def _errored(cell):
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    if not errors:
+        return "ok"
+    # Our interrupt at the time limit reaches the cell as KeyboardInterrupt (run() checks it was ours).
+    return "timeout" if errors[0].get("ename") == "KeyboardInterrupt" else "error"
+
+
+# A cell printing gigabytes would fill the grader's memory and the executed notebook.
+MAX_OUTPUT_CHARS = 1_000_000
+
+
+class _CappedClient(NotebookClient):
+    """A NotebookClient that keeps at most MAX_OUTPUT_CHARS of output per cell, then one line saying so."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.used_chars = {}  # cell index -> characters of output kept
+
+    def output(self, outs, msg, display_id, cell_index):
+        used = self.used_chars.get(cell_index, 0)
+        size = len(str(msg["content"]))
+        if used + size <= MAX_OUTPUT_CHARS:
+            self.used_chars[cell_index] = used + size
+            return super().output(outs, msg, display_id, cell_index)
+        if used <= MAX_OUTPUT_CHARS:
+            self.used_chars[cell_index] = MAX_OUTPUT_CHARS + 1
+            outs.append(nbformat.v4.new_output("stream", name="stderr",
+                                               text=f"[grader] output beyond {MAX_OUTPUT_CHARS:,} characters dropped\n"))
+        return None
+
+
+class _Kernel:
+    """One sandboxed kernel and its client; killed on exit, whatever happened inside."""
+
+    def __init__(self, notebook, workdir, limits):
+        self.limits = limits
+        self.km = make_kernel_manager(workdir, limits)
+        # No nbclient timeout: after its own interrupt it stops watching whether the kernel lives, and waits a
+        # whole timeout more. The watch below interrupts and kills; nbclient notices a death within 1 s.
+        self.client = _CappedClient(notebook, km=self.km, timeout=None, allow_errors=True, startup_timeout=60,
+                                    shutdown_kernel="immediate",
+                                    resources={"metadata": {"path": working_directory(workdir)}})
+        self.lost = None  # why the kernel was lost: "timeout", "died" or "tasks" (it hit the task limit)
+
+    def kill(self, why="timeout"):
+        self.lost = self.lost or why
+        kill_session(self.km)
+
+    def run(self, cell, index, seconds):
+        """Execute cell; interrupt it at `seconds`, kill its kernel `grace_seconds` later. Returns its status."""
+        self.lost = None
+        self.client.used_chars.pop(index, None)
+        watch = _Watch(self, seconds)
+        watch.start()
+        try:
+            self.client.execute_cell(cell, index)
+        except DeadKernelError:
+            self.lost = self.lost or "died"
+        finally:
+            watch.stop()
+        if self.lost:
+            return {"timeout": "timeout", "died": "dead_kernel", "tasks": "error"}[self.lost]
+        status = _errored(cell)
+        return "timeout" if status == "timeout" and watch.interrupted else status
+
+    def interrupt(self):
+        """Ask the kernel to interrupt itself (interrupt_mode "message"), from the watch's thread."""
+        client = BlockingKernelClient()
+        client.load_connection_info(self.km.get_connection_info())
+        client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+        try:
+            client.control_channel.send(client.session.msg("interrupt_request", {}))
+            client.control_channel.get_msg(timeout=2)  # the interrupt_reply: the request was delivered
+        except Empty:
+            pass
+        finally:
+            client.stop_channels()
+
+
+class _Watch(threading.Thread):
+    """Watches one cell: interrupt at its limit, kill after the grace, kill at once on a fork bomb."""
+
+    def __init__(self, kernel, seconds):
+        super().__init__(daemon=True)
+        self.kernel, self.seconds, self.interrupted = kernel, seconds, False
+        self.done = threading.Event()
+
+    def run(self):
+        cgroup = self.kernel.km.cgroup
+        hits, start = cgroup.limit_hits() if cgroup else 0, time.monotonic()
+        while not self.done.wait(0.2):
+            elapsed = time.monotonic() - start
+            # A fork bomb leaves hundreds of kernel copies behind: its kernel is not fit to go on.
+            if cgroup and cgroup.limit_hits() > hits:
+                return self.kernel.kill("tasks")
+            if elapsed >= self.seconds + self.kernel.limits.grace_seconds:
+                return self.kernel.kill("timeout")
+            if elapsed >= self.seconds and not self.interrupted:
+                self.interrupted = True
+                self.kernel.interrupt()
+
+    def stop(self):
+        self.done.set()
+        self.join()
 
 
 def execute(notebook, workdir, limits):
     """Run every cell; never raises for what the notebook does. Returns an Execution."""
-    km = make_kernel_manager(workdir, limits.memory_bytes, isolate_network=limits.isolate_network,
-                             drop_user=limits.drop_user, hidden_dirs=limits.hidden_dirs,
-                             readonly_dirs=limits.readonly_dirs)
-    client = NotebookClient(notebook, km=km, timeout=int(limits.cell_seconds), allow_errors=True,
-                            interrupt_on_timeout=True, startup_timeout=60,
-                            resources={"metadata": {"path": working_directory(workdir)}})
-    result = Execution()
-    # The per-cell interrupt fails against code that ignores SIGINT: the wall clock kills the session.
-    killer = threading.Timer(limits.total_seconds + 5.0, kill_session, args=(km,))
-    deadline = math.inf
-    try:
-        with client.setup_kernel():
-            # The clock starts once the kernel is up: a slow start on a loaded host is not the student's.
-            deadline = time.monotonic() + limits.total_seconds
-            killer.start()
-            _run_cells(client, notebook, deadline, limits, result)
-    except DeadKernelError:
-        result.status = _worst(result.status, "timeout" if time.monotonic() >= deadline else "dead_kernel")
-    except RuntimeError as exc:  # the kernel did not even start
-        result.status = "dead_kernel"
-        result.cells.append({"index": -1, "kind": "kernel", "status": "dead_kernel", "seconds": 0.0,
-                             "error": str(exc)})
-    finally:
-        killer.cancel()
-        kill_session(km)
+    result, never_replay, start = Execution(), set(), 0
+    deadline = [math.inf]  # set when the first kernel is up: a slow start on a loaded host is not the student's
+    with open(limits.log_path or "/dev/null", "ab") as log:
+        while start is not None:
+            start = _session(notebook, workdir, limits, result, start, never_replay, deadline, log)
     return result
 
 
-def _run_cells(client, notebook, deadline, limits, result):
-    for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code" or cell.metadata.get("dp_course_kind") == "check":
+def _session(notebook, workdir, limits, result, start, never_replay, deadline, log):
+    """Run cells from `start` in a new kernel; return where the next kernel should go on (None: done)."""
+    kernel = _Kernel(notebook, workdir, limits)
+    result.kernels += 1
+    try:
+        with kernel.client.setup_kernel(stdout=log, stderr=subprocess.STDOUT):
+            if deadline[0] == math.inf:
+                deadline[0] = time.monotonic() + limits.total_seconds
+            # The wall clock kills the kernel whatever the cells do.
+            killer = threading.Timer(max(0.0, deadline[0] - time.monotonic()) + limits.grace_seconds, kernel.kill)
+            killer.start()
+            try:
+                if not _replay(kernel, notebook, start, never_replay, deadline[0], result):
+                    return None
+                return _run_from(kernel, notebook, start, never_replay, deadline[0], result)
+            finally:
+                killer.cancel()
+    except DeadKernelError:  # died between cells, or while shutting down
+        return None
+    except RuntimeError as exc:  # the kernel did not even start
+        result.status = _worst(result.status, "dead_kernel")
+        result.cells.append({"index": -1, "kind": "kernel", "status": "dead_kernel", "seconds": 0.0, "error": str(exc)})
+        return None
+    finally:
+        kernel.kill()
+        if kernel.km.cgroup is not None:
+            kernel.km.cgroup.remove()
+
+
+def _replay(kernel, notebook, stop, never_replay, deadline, result):
+    """Re-run, on copies, the lab cells and answers before `stop` that a new kernel needs. False: it failed."""
+    for index, cell in enumerate(notebook.cells[:stop]):
+        if cell.cell_type != "code" or _kind(cell) not in ("lab", "answer") or index in never_replay:
+            continue
+        remaining = deadline - time.monotonic()
+        status = kernel.run(copy.deepcopy(cell), index, min(kernel.limits.cell_seconds, remaining)) \
+            if remaining > 0 else "timeout"
+        result.cells.append({"index": index, "kind": f"replay-{_kind(cell)}", "status": status, "seconds": 0.0})
+        if kernel.lost or status == "timeout":
+            result.status = _worst(result.status, status)
+            return False
+    return True
+
+
+def _run_from(kernel, notebook, start, never_replay, deadline, result):
+    for index in range(start, len(notebook.cells)):
+        cell = notebook.cells[index]
+        if cell.cell_type != "code" or _kind(cell) == "check":
             continue
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             result.status = _worst(result.status, "timeout")
-            result.cells.append({"index": index, "kind": cell.metadata.get("dp_course_kind"),
-                                 "status": "skipped", "seconds": 0.0})
+            result.cells.append({"index": index, "kind": _kind(cell), "status": "skipped", "seconds": 0.0})
             continue
-        # nbclient takes whole seconds; round up so the last cell runs until the deadline, not short of it.
-        client.timeout = max(1, math.ceil(min(limits.cell_seconds, remaining)))
-        start = time.monotonic()
-        try:
-            client.execute_cell(cell, index)
-        finally:
-            seconds = time.monotonic() - start
-            status = _cell_status(cell, seconds, client.timeout)
-            result.cells.append({"index": index, "kind": cell.metadata.get("dp_course_kind"),
-                                 "status": status, "seconds": round(seconds, 3)})
-        if cell.metadata.get("dp_course_kind") == "answer" or status == "timeout":
+        begin = time.monotonic()
+        status = kernel.run(cell, index, min(kernel.limits.cell_seconds, remaining))
+        result.cells.append({"index": index, "kind": _kind(cell), "status": status,
+                             "seconds": round(time.monotonic() - begin, 3)})
+        if _kind(cell) == "answer" or status in ("timeout", "dead_kernel"):
             result.status = _worst(result.status, status)
+        if kernel.lost:
+            if _kind(cell) == "answer":
+                never_replay.add(index)
+            _note_lost_kernel(cell, kernel.lost)
+            return index + 1 if time.monotonic() < deadline else None
+    return None
+
+
+_LOST = {"timeout": "it ran past its time limit and ignored the interrupt, so its kernel was killed",
+         "died": "its kernel died", "tasks": "it hit the limit on processes and threads (a fork bomb?), so its kernel "
+         "was killed"}
+
+
+def _note_lost_kernel(cell, lost):
+    """Say in the executed notebook why the cell's output ends."""
+    why = _LOST[lost]
+    cell.outputs.append(nbformat.v4.new_output("stream", name="stderr",
+                        text=f"[grader] {why}; a new kernel replayed the earlier cells and grading went on\n"))

@@ -3,28 +3,32 @@
 _STATUS = {
     "ok": "every cell ran",
     "error": "one of your answer cells raised an error (see below)",
-    "timeout": "a cell ran past its time limit and was interrupted",
+    "timeout": "a cell ran past its time limit and was stopped",
     "dead_kernel": "the kernel died (os._exit, a crash, or too much memory?)",
     "missing": "none of this lab's answer cells were found: did you submit the right notebook?",
+    "grader_error": "grading this notebook failed (see below); your instructor has the log",
 }
 
 
-def feedback_markdown(result, questions):
-    """Markdown feedback for one graded result."""
-    total = sum(e for marks in result["marks"].values() for _, e, _ in marks)
-    maximum = sum(p.points for marks in result["marks"].values() for p, _, _ in marks)
+def feedback_markdown(result, questions, points):
+    """Markdown feedback for one graded result; `points` = {question: maximum}."""
+    total = sum(m["earned"] for marks in result["marks"].values() for m in marks)
     lines = [f"# Feedback for {result['student']}", "",
-             f"Score: {total:g} / {maximum:g}. Status: {result['status']} ({_STATUS[result['status']]}).", ""]
+             f"Score: {total:g} / {sum(points.values()):g}. Status: {result['status']} "
+             f"({_STATUS[result['status']]}).", ""]
     if result.get("error"):
         lines += [result["error"], ""]
+    if result.get("kernels", 1) > 1:
+        lines += [f"Your notebook needed {result['kernels']} kernels: a cell that ignores its time limit or kills its "
+                  "kernel is stopped, and the cells before it are run again in a new kernel.", ""]
     for question in questions:
         marks = result["marks"].get(question, [])
-        earned = sum(e for _, e, _ in marks)
-        lines.append(f"## Question {question}: {earned:g} / {sum(p.points for p, _, _ in marks):g}")
+        earned = sum(m["earned"] for m in marks)
+        lines.append(f"## Question {question}: {earned:g} / {points[question]:g}")
         if question in result.get("missing", []):
             lines.append("- your answer cell for this question was not found; the released lab's cell was used")
-        for probe, got, message in marks:
-            mark = "passed" if got == probe.points else f"failed: {message}"
-            lines.append(f"- {probe.name}: {mark}")
+        for m in marks:
+            mark = "passed" if m["earned"] == m["points"] else f"failed: {m['message']}"
+            lines.append(f"- {m['name']}: {mark}")
         lines.append("")
     return "\n".join(lines)

@@ -1,29 +1,33 @@
 """Grade a class: `make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir]`.
 
     python -m helpers.grading.grade --lab 03 --submissions dir --out dir [--probes dir] [--jobs 2]
+                                    [--resume] [--only STUDENT ...]
 
-Writes OUT/grades.csv, OUT/feedback/<student>.md, OUT/executed/<student>.ipynb and OUT/cells.csv
-(every cell's status and duration). Exits 0 whatever the students did; non-zero only when grading
-itself cannot run (no such lab, probes failing on the solution, an unwritable OUT).
+Writes OUT/grades.csv, OUT/feedback/<student>.md, OUT/executed/<student>.ipynb, OUT/cells.csv (every cell's
+status and duration), OUT/results/<student>.json (what --resume trusts) and OUT/logs/ (kernels' own output,
+the grader's errors). Exits 0 whatever the students did; non-zero only when grading itself cannot run (no
+such lab, probes failing on the solution, an unwritable OUT).
+
+Each student is graded in a process of its own; one that dies or overruns is that student's `grader_error`,
+and the class goes on. `--resume` keeps the results already in OUT and grades only the students without one
+or with a `grader_error`; `--only` re-grades the named students. Both reuse the run's secret probe seed.
 """
 import argparse
-import concurrent.futures
-import csv
 import multiprocessing
-import os
+import multiprocessing.connection
 import pathlib
 import sys
-import tempfile
 import time
 
 import nbformat
 
 from helpers.grading import probes as probe_files
-from helpers.grading.assemble import assemble, probe_values
-from helpers.grading.execute import Limits, execute
-from helpers.grading.feedback import feedback_markdown
-from helpers.grading.plain import compare
-from helpers.grading.sandbox import can_drop_user, can_isolate_network
+from helpers.grading import state as run_state
+from helpers.grading.execute import Limits
+from helpers.grading.grade_student import Task, grade_student, result_path, run_one, write_result, zero_marks
+from helpers.grading.progress import Progress
+from helpers.grading.report import load_results, write_outputs
+from helpers.grading.sandbox import available_fences
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -40,35 +44,13 @@ def lab_notebook(directory, lab):
     return found[0]
 
 
-def run_one(released, submission, setup, probes, workdir, limits):
-    """Execute one submission; return (executed notebook, Execution, {question: probe values}, missing)."""
-    graded, nonces, missing = assemble(released, submission, setup, probes)
-    execution = execute(graded, workdir, limits)
-    values = {q: probe_values(graded, q, nonce) for q, nonce in nonces.items()}
-    return graded, execution, values, missing
+def expected_values(released, solution, setup, probes, seed, limits):
+    """The solution's probe values for this seed; every probe must succeed on it."""
+    import tempfile
 
-
-def score(probes, expected, values):
-    """{question: [(probe, points earned, message)]} comparing values with the solution's."""
-    marks = {}
-    for probe in probes:
-        got = values.get(probe.question, {}).get(probe.name)
-        if got is None:
-            earned, message = 0.0, "did not run (an earlier cell failed, timed out or killed the kernel)"
-        elif "error" in got:
-            earned, message = 0.0, got["error"]
-        else:
-            ok, message = compare(expected[probe.question][probe.name]["value"], got["value"], probe.rtol, probe.atol)
-            earned = probe.points if ok else 0.0
-        marks.setdefault(probe.question, []).append((probe, earned, message))
-    return marks
-
-
-def expected_values(released, solution, setup, probes, limits):
-    """The solution's probe values; every probe must succeed on it."""
     with tempfile.TemporaryDirectory(prefix="grade-solution-") as workdir:
-        os.chmod(workdir, 0o755)
-        _, execution, values, missing = run_one(released, solution, setup, probes, workdir, limits)
+        pathlib.Path(workdir).chmod(0o755)
+        _, execution, values, missing = run_one(released, solution, setup, probes, seed, workdir, limits)
     failed = [p.name for p in probes if "value" not in values.get(p.question, {}).get(p.name, {})]
     if missing or failed:
         raise GradingError(f"the solution does not pass its own probes ({missing or failed}; status "
@@ -76,80 +58,112 @@ def expected_values(released, solution, setup, probes, limits):
     return values
 
 
-def grade_submission(task):
-    """Grade one student (runs in a pool worker). Returns the row and log data; never raises."""
-    student, path, released, setup, probes, expected, out, limits = task
-    start = time.monotonic()
-    try:
-        submission = nbformat.read(path, as_version=4)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the student's problem
-        return _unreadable(student, probes, start, exc)
-    with tempfile.TemporaryDirectory(prefix="grade-") as workdir:  # short: unix socket paths live in it
-        os.chmod(workdir, 0o755)
-        graded, execution, values, missing = run_one(released, submission, setup, probes, workdir, limits)
-    marks = score(probes, expected, values)
-    status = "missing" if len(missing) == len({p.question for p in probes}) else execution.status
-    nbformat.write(graded, pathlib.Path(out) / "executed" / f"{student}.ipynb")
-    return {"student": student, "marks": marks, "status": status, "missing": missing,
-            "seconds": round(time.monotonic() - start, 1), "cells": execution.cells}
+def student_limit(released, limits):
+    """Wall-clock seconds after which a student's grading process is killed (the kernel limits, and margin)."""
+    answers = sum(1 for c in released.cells if c.get("metadata", {}).get("dp_course", {}).get("answers"))
+    return limits.total_seconds + (answers + 1) * (limits.cell_seconds + limits.grace_seconds + 60)
 
 
-def _unreadable(student, probes, start, exc):
-    marks = {}
-    for p in probes:
-        marks.setdefault(p.question, []).append((p, 0.0, "the notebook could not be read"))
-    return {"student": student, "marks": marks, "status": "error", "missing": [],
-            "seconds": round(time.monotonic() - start, 1), "cells": [],
-            "error": f"not a readable notebook: {type(exc).__name__}: {exc}"}
+def _context():
+    # A forkserver with the grading modules imported: each student's process is a cheap fork of it, yet
+    # nothing of this process (threads, zmq sockets of the solution's run) leaks into it.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["helpers.grading.grade_student"])
+    return ctx
 
 
-def write_outputs(out, probes, results):
-    """grades.csv, feedback/*.md and cells.csv from the graded results."""
-    questions = sorted({p.question for p in probes}, key=lambda q: [int(x) for x in q.split(".")])
-    maximum = sum(p.points for p in probes)
-    with open(pathlib.Path(out) / "grades.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", *questions, "total", "max", "status", "seconds"])
-        for r in results:
-            earned = {q: sum(e for _, e, _ in r["marks"].get(q, [])) for q in questions}
-            writer.writerow([r["student"], *(f"{earned[q]:g}" for q in questions),
-                             f"{sum(earned.values()):g}", f"{maximum:g}", r["status"], r["seconds"]])
-    for r in results:
-        (pathlib.Path(out) / "feedback" / f"{r['student']}.md").write_text(feedback_markdown(r, questions))
-    with open(pathlib.Path(out) / "cells.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", "cell", "kind", "status", "seconds"])
-        for r in results:
-            for c in r["cells"]:
-                writer.writerow([r["student"], c["index"], c["kind"], c["status"], c["seconds"]])
+def run_class(task, students, jobs, hard_limit):
+    """Grade (student, path) pairs, `jobs` at a time, each in its own process; returns nothing (results on disk)."""
+    ctx, queue, running = _context(), list(students), {}
+    with Progress(len(students)) as progress:
+        while queue or running:
+            while queue and len(running) < jobs:
+                student, path = queue.pop(0)
+                process = ctx.Process(target=grade_student, args=(task, student, path), daemon=True)
+                process.start()
+                running[process.sentinel] = (process, student, time.monotonic())
+                progress.started(student)
+            ready = multiprocessing.connection.wait(list(running), timeout=1.0)
+            for sentinel, (process, student, began) in list(running.items()):
+                overdue = time.monotonic() - began > hard_limit
+                if sentinel not in ready and not overdue:
+                    continue
+                if overdue:
+                    process.kill()  # its kernels' sandboxes die with it (bwrap --die-with-parent)
+                process.join()
+                del running[sentinel]
+                _check_result(task, student, process.exitcode, overdue, hard_limit, time.monotonic() - began)
+                progress.finished(student)
 
 
-def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_dir=None, solutions_dir=None):
-    """Grade every *.ipynb in submissions into out; return the per-student results."""
-    lab = f"{int(lab):02d}"
+def _check_result(task, student, exitcode, overdue, hard_limit, seconds):
+    """A grading process that left no result is a grader_error for that student, with the reason."""
+    path = result_path(task.out, student)
+    if exitcode == 0 and path.exists() and not overdue:
+        return
+    why = (f"grading took longer than {hard_limit:.0f} s and was stopped" if overdue
+           else f"the grading process died (exit code {exitcode})")
+    setup, probes = probe_files.load(task.lab, task.probes_dir)
+    write_result(task.out, {"student": student, "status": "grader_error", "missing": [], "cells": [], "kernels": 0,
+                            "marks": zero_marks(probes, why), "error": why, "seconds": round(seconds, 1)})
+    with open(pathlib.Path(task.out) / "logs" / "grader.log", "a") as log:
+        log.write(f"{student}: {why}\n")
+
+
+def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_dir=None, solutions_dir=None,
+          resume=False, only=()):
+    """Grade every *.ipynb in submissions into out; return the per-student results (dicts)."""
+    lab, out = f"{int(lab):02d}", pathlib.Path(out)
     released = nbformat.read(lab_notebook(labs_dir or ROOT / "labs", lab), as_version=4)
-    solution = nbformat.read(lab_notebook(solutions_dir or ROOT / "solutions", lab), as_version=4)
+    solution_path = lab_notebook(solutions_dir or ROOT / "solutions", lab)
     setup, probes = probe_files.load(lab, probes_dir)
     limits = limits or default_limits([probes_dir or probe_files.DEFAULT_DIR, solutions_dir or ROOT / "solutions",
                                        submissions, out])
-    for sub in ("executed", "feedback"):
-        (pathlib.Path(out) / sub).mkdir(parents=True, exist_ok=True)
-    expected = expected_values(released, solution, setup, probes, limits)
-    paths = sorted(pathlib.Path(submissions).glob("*.ipynb"))
-    tasks = [(p.stem, str(p), released, setup, probes, expected, str(out), limits) for p in paths]
-    # Kernels, not this process, do the work; a fresh interpreter per worker keeps them independent.
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(grade_submission, tasks))
+    for sub in ("executed", "feedback", "results", "logs"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    probe_file = pathlib.Path(probes_dir or probe_files.DEFAULT_DIR) / f"lab{lab}.py"
+    fingerprint = run_state.fingerprint(lab_notebook(labs_dir or ROOT / "labs", lab), solution_path, probe_file)
+    state = run_state.load_or_start(out, lab, fingerprint, fresh=not (resume or only))
+    expected = state.get("expected")
+    if expected is None:
+        solution = nbformat.read(solution_path, as_version=4)
+        expected = expected_values(released, solution, setup, probes, state["seed"], limits)
+        run_state.save(out, {**state, "expected": expected})
+    task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(out), limits)
+    paths = {p.stem: str(p) for p in sorted(pathlib.Path(submissions).glob("*.ipynb"))}
+    todo = _to_grade(out, paths, resume, only)
+    run_class(task, todo, jobs, student_limit(released, limits))
+    results = load_results(out, sorted(paths))
     write_outputs(out, probes, results)
     return results
 
 
+def _to_grade(out, paths, resume, only):
+    if only:
+        unknown = sorted(set(only) - set(paths))
+        if unknown:
+            raise GradingError(f"--only {' '.join(unknown)}: no such submission; students: {', '.join(sorted(paths))}")
+        return [(s, paths[s]) for s in only]
+    if resume:
+        return [(s, p) for s, p in paths.items() if not _trusted(out, s)]
+    return list(paths.items())
+
+
+def _trusted(out, student):
+    import json
+
+    path = result_path(out, student)
+    try:
+        return json.loads(path.read_text())["status"] != "grader_error"
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def default_limits(hidden):
     """Limits with every fence this machine allows; directories the graded code must not see."""
-    isolate = can_isolate_network()
-    return Limits(isolate_network=isolate, drop_user=can_drop_user(),
-                  hidden_dirs=tuple(str(pathlib.Path(d).resolve()) for d in hidden),
-                  readonly_dirs=(str(ROOT), sys.prefix))
+    hidden = [*hidden, ROOT / ".git", ROOT / "tests"]
+    return Limits(fences=available_fences(), hidden_dirs=tuple(str(pathlib.Path(d).resolve()) for d in hidden),
+                  readonly_dirs=(str(ROOT), sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix))
 
 
 def main(argv=None):
@@ -158,14 +172,20 @@ def main(argv=None):
     parser.add_argument("--submissions", required=True, help="directory of <student>.ipynb files")
     parser.add_argument("--out", required=True, help="output directory (created)")
     parser.add_argument("--probes", default=None, help="directory of private probe files labNN.py")
+    parser.add_argument("--solutions", default=None, help="directory of private solutions NN_*.ipynb")
     parser.add_argument("--jobs", type=int, default=2, help="submissions graded in parallel")
+    parser.add_argument("--resume", action="store_true", help="grade only students without a trusted result in OUT")
+    parser.add_argument("--only", nargs="+", default=(), metavar="STUDENT", help="re-grade these students only")
     options = parser.parse_args(argv)
     if not pathlib.Path(options.submissions).is_dir():
         print(f"grade: {options.submissions} is not a directory of notebooks", file=sys.stderr)
         return 2
+    for gap in available_fences().missing():
+        print(f"grade: missing fence: {gap}", file=sys.stderr)
     try:
-        results = grade(options.lab, options.submissions, options.out, probes_dir=options.probes, jobs=options.jobs)
-    except (GradingError, FileNotFoundError, ValueError) as exc:
+        results = grade(options.lab, options.submissions, options.out, probes_dir=options.probes,
+                        solutions_dir=options.solutions, jobs=options.jobs, resume=options.resume, only=options.only)
+    except (GradingError, run_state.StateError, FileNotFoundError, ValueError) as exc:
         print(f"grade: {exc}", file=sys.stderr)
         return 2
     print(f"graded {len(results)} submission(s) into {options.out}/grades.csv")

@@ -1,24 +1,27 @@
-"""A kernel per submission, fenced without containers: own directory and HOME, memory limit, and,
-where the machine allows it, no network and an unprivileged user.
+"""A kernel per submission, inside a bubblewrap sandbox (bwrap, the tool Flatpak uses).
 
-What each fence does, and what it does not (also in the README):
-- a fresh working directory and HOME per submission: files the code writes or deletes are its own;
-  the repository and the grader's output directory are not its working directory;
-- `prlimit --as`: a memory bomb becomes MemoryError (or torch's "can't allocate memory") in that
-  kernel, not an out-of-memory kill of the machine;
-- `unshare -n` (root only): a network namespace with nothing but loopback, so no network at all;
-- a private mount namespace (root only): the repository and the Python environment read-only, and
-  empty tmpfs over the directories the code must not see: solutions/, the probes, the other
-  submissions, the grader's output;
-- `setpriv` to nobody (root only, and only when nobody can run the interpreter: a Python under
-  /root cannot be): the code cannot read files only root can, nor write the repository;
-- the kernel runs in its own session; when it ends, everything in that session is killed, workers
-  started by `%%ranks`/`launch` included.
-Not protected: CPU time beyond the timeouts' granularity, disk space, reading world-readable files
-(the public repository, including its default probes), and anything needing a kernel exploit.
+What each fence does, and what it does not (the README's threat model table is measured by
+tests/grading/test_hostile.py):
+- bwrap `--unshare-pid`: the kernel and everything it starts live in their own PID namespace; they
+  cannot see or signal the grader, and all of them die with the sandbox (`--die-with-parent`), daemons
+  included;
+- bwrap `--unshare-net`: a network namespace with only loopback (the ranks' TCPStore works, nothing else);
+- bwrap mounts: the kernel sees only the system (/usr, /etc), the Python installation and the course
+  repository, all read-only, plus its own working directory. The solutions, the probes, the tests, the
+  repository's .git, the other submissions and the grader's output are empty directories; /tmp, /proc
+  and /dev are private; nothing else of the machine (HOME, pip caches, other users' files) exists;
+- `--cap-drop ALL` when the grader is root: the kernel cannot undo those mounts;
+- `prlimit --as`: a memory bomb becomes MemoryError in that kernel, not an out-of-memory kill;
+- `setpriv` to nobody (root only, when nobody can run the interpreter: one under /root cannot be);
+- the grader kills the sandbox when a cell overruns its limit (execute.py).
+Not stopped: CPU use within the time limits, disk use of the working directory, reading the public parts
+of the repository, and kernel exploits. Where bwrap cannot run (not installed; user namespaces disabled
+for non-root users), the grader says which fences are missing and runs without them.
 """
+import dataclasses
+import functools
+import itertools
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -27,48 +30,120 @@ import sys
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from helpers.grading.cgroup import PidsCgroup, pids_root
+
 NOBODY_UID = NOBODY_GID = 65534
+# System directories a Python needs; on merged-/usr systems /bin, /lib... are symlinks into /usr.
+_SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Readable by root only, and of no use to a kernel.
+_SECRET_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
 
 
-def can_isolate_network():
-    """True when `unshare -n` works here (root, or a kernel allowing it)."""
-    if not shutil.which("unshare") or not shutil.which("ip"):
+@dataclasses.dataclass(frozen=True)
+class Fences:
+    """Which fences this machine can put around a graded kernel."""
+
+    sandbox: bool  # bwrap runs: PID, network, mount, IPC and UTS namespaces
+    drop_user: bool  # the kernel runs as nobody
+    memory: bool  # prlimit caps the address space
+    pids: bool = False  # a pids cgroup caps the kernel's tasks (fork bombs)
+
+    def missing(self):
+        """One-line names of the fences that are not there, with what to do."""
+        gaps = []
+        if not self.sandbox:
+            gaps.append("no sandbox (install bubblewrap: `apt-get install bubblewrap`; as a non-root user it also needs "
+                        "unprivileged user namespaces): kernels can signal the grader, use the network and read the "
+                        "solutions, the probes and other submissions")
+        if not self.memory:
+            gaps.append("no memory limit (prlimit from util-linux is missing)")
+        if not self.pids:
+            gaps.append("no task limit (no writable pids cgroup: grade as root): a fork bomb slows the machine "
+                        "until the cell's time limit kills it")
+        return gaps
+
+
+def _runs(argv):
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
         return False
-    probe = subprocess.run(["unshare", "-n", "--", "ip", "link", "set", "lo", "up"], capture_output=True)
-    return probe.returncode == 0
 
 
-def can_drop_user():
-    """True when we are root, setpriv exists and nobody can run this interpreter."""
+def _setpriv_argv():
+    return ["setpriv", f"--reuid={NOBODY_UID}", f"--regid={NOBODY_GID}", "--clear-groups", "--"]
+
+
+@functools.cache
+def available_fences():
+    """Fences that work here, each tried once for real."""
+    bwrap_ok = shutil.which("bwrap") is not None and _runs(
+        ["bwrap", *_namespace_flags(), *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--", "true"])
+    return Fences(sandbox=bwrap_ok, drop_user=bwrap_ok and _can_drop_user(), memory=shutil.which("prlimit") is not None,
+                  pids=pids_root() is not None)
+
+
+def _can_drop_user():
+    """Root, setpriv, and nobody can run this interpreter and bwrap (a Python under /root cannot be)."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return False
-    probe = subprocess.run(["setpriv", f"--reuid={NOBODY_UID}", f"--regid={NOBODY_GID}", "--clear-groups",
-                            "--", sys.executable, "-c", "import os; print(os.__file__)"],
-                           capture_output=True, text=True)
+    probe = subprocess.run([*_setpriv_argv(), "bwrap", *_namespace_flags(as_root=False), "--ro-bind", "/", "/",
+                            "--", sys.executable, "-c", "import os; print(os.__file__)"], capture_output=True, text=True)
     # A Python under /root starts as nobody but silently picks up another standard library.
     return probe.returncode == 0 and probe.stdout.strip() == os.__file__
 
 
-def namespace_script(hidden_dirs, readonly_dirs):
-    """Shell run inside the new namespaces: hide directories, bring loopback up, exec the kernel."""
-    readonly = "".join(f"mount --bind {shlex.quote(d)} {shlex.quote(d)} && "
-                       f"mount -o remount,bind,ro {shlex.quote(d)} && " for d in readonly_dirs)
-    hide = "".join(f"mount -t tmpfs -o size=1m,mode=000 tmpfs {shlex.quote(d)} && " for d in hidden_dirs)
-    # Mounts must not propagate back to the host; loopback starts down in a new network namespace.
-    return f'mount --make-rprivate / && {readonly}{hide}ip link set lo up && exec "$@"'
+def _namespace_flags(as_root=None):
+    as_root = os.geteuid() == 0 if as_root is None else as_root
+    flags = ["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+             "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grading"]
+    # Root keeps every capability inside bwrap unless told otherwise, and could unmount the hiding tmpfs.
+    return flags + (["--cap-drop", "ALL"] if as_root else [])
 
 
-def kernel_argv(memory_bytes, *, isolate_network, drop_user, hidden_dirs=(), readonly_dirs=()):
+def _system_binds():
+    argv = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    return argv
+
+
+def _under(path, roots):
+    return any(os.path.commonpath([path, root]) == root for root in roots)
+
+
+def bwrap_argv(workdir, readonly_dirs, hidden_dirs):
+    """bwrap's arguments: system and readonly_dirs read-only, hidden_dirs empty, workdir writable."""
+    readonly = [d for d in dict.fromkeys(readonly_dirs) if os.path.isdir(d)]
+    argv = ["bwrap", *_namespace_flags(), *_system_binds()]
+    for path in readonly:
+        argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # Later mounts cover earlier ones: hide what lies inside a read-only directory, then give the kernel its own.
+    for path in hidden_dirs:
+        if os.path.isdir(path) and _under(path, readonly) and not _under(workdir, [path]):
+            argv += ["--tmpfs", path]
+    for path in _SECRET_FILES:
+        if os.path.exists(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    argv += ["--ro-bind", hosts_file(workdir), "/etc/hosts"]
+    # ipykernel exits when its parent seems gone (parent pid 1), as bwrap's init is inside a PID namespace;
+    # the sandbox dies with the grader anyway.
+    return argv + ["--bind", workdir, workdir, "--chdir", working_directory(workdir), "--unsetenv", "JPY_PARENT_PID"]
+
+
+def kernel_argv(workdir, limits):
     """The command that starts an ipykernel inside the fences."""
     argv = []
-    if isolate_network:
-        hidden = [d for d in hidden_dirs if os.path.isdir(d)]
-        readonly = [d for d in readonly_dirs if os.path.isdir(d)]
-        argv += ["unshare", "-n", "-m", "--", "sh", "-c", namespace_script(hidden, readonly), "sh"]
-    if memory_bytes and shutil.which("prlimit"):
-        argv += ["prlimit", f"--as={int(memory_bytes)}", "--"]
-    if drop_user:  # last, so that the interpreter is what nobody executes (the limit is inherited)
-        argv += ["setpriv", f"--reuid={NOBODY_UID}", f"--regid={NOBODY_GID}", "--clear-groups", "--"]
+    if limits.memory_bytes and limits.fences.memory:
+        argv += ["prlimit", f"--as={int(limits.memory_bytes)}", "--"]
+    if limits.fences.drop_user:
+        argv += _setpriv_argv()
+    if limits.fences.sandbox:
+        argv += bwrap_argv(workdir, limits.readonly_dirs, limits.hidden_dirs)
     return argv + [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
 
 
@@ -89,7 +164,7 @@ def kernel_env(workdir):
     env.update(HOME=working_directory(workdir), TMPDIR=os.path.join(kernel, "tmp"),
                MPLCONFIGDIR=os.path.join(kernel, "mpl"), IPYTHONDIR=os.path.join(kernel, "ipython"),
                JUPYTER_RUNTIME_DIR=os.path.join(kernel, "runtime"), GLOO_SOCKET_IFNAME="lo",
-               MPLBACKEND="module://matplotlib_inline.backend_inline")
+               MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1")
     return env
 
 
@@ -97,6 +172,7 @@ class SandboxKernelManager(AsyncKernelManager):
     """A KernelManager whose kernel can read its connection file after dropping to nobody."""
 
     drop_user = False
+    cgroup = None
 
     def write_connection_file(self, **kwargs):
         super().write_connection_file(**kwargs)
@@ -104,39 +180,58 @@ class SandboxKernelManager(AsyncKernelManager):
             os.chown(self.connection_file, NOBODY_UID, NOBODY_GID)
 
 
+# With no network there is no DNS: c10d's store names each client (seen as ::ffff:127.0.0.1 on a dual-stack
+# socket) and, without these lines, warns "The hostname of the client socket cannot be retrieved" per rank.
+_HOSTS = "127.0.0.1 localhost grading\n::1 localhost ip6-localhost grading\n::ffff:127.0.0.1 localhost\n"
+
+
+def hosts_file(workdir):
+    """The sandbox's /etc/hosts."""
+    return os.path.join(workdir, "kernel", "hosts")
+
+
 def prepare_workdir(workdir, drop_user):
-    """Create the kernel's directories; hand them to nobody when the kernel runs as nobody."""
+    """Create the kernel's directories and its /etc/hosts; hand them to nobody when the kernel runs as nobody."""
     for sub in _DIRS:
         path = os.path.join(workdir, sub)
         os.makedirs(path, exist_ok=True)
         if drop_user:
             os.chown(path, NOBODY_UID, NOBODY_GID)
+    with open(hosts_file(workdir), "w") as f:
+        f.write(_HOSTS)
 
 
-def make_kernel_manager(workdir, memory_bytes, *, isolate_network, drop_user, hidden_dirs=(), readonly_dirs=()):
+def make_kernel_manager(workdir, limits):
     """A kernel manager for one submission (not started yet)."""
     runtime = os.path.join(workdir, "kernel", "runtime")
     # The kernel's ipc sockets live there, and AF_UNIX paths hold at most 107 bytes.
     if len(os.path.join(runtime, "kernel-ipc-99999")) > 100:
         raise ValueError(f"the working directory {workdir!r} is too long for the kernel's unix sockets: "
                          "grade in a shorter one, e.g. under /tmp")
-    prepare_workdir(workdir, drop_user)
+    prepare_workdir(workdir, limits.fences.drop_user)
     km = SandboxKernelManager(transport="ipc", ip=os.path.join(runtime, "kernel-ipc"),
                               connection_file=os.path.join(runtime, "kernel.json"))
-    km.drop_user = drop_user
-    km._kernel_spec = KernelSpec(argv=kernel_argv(memory_bytes, isolate_network=isolate_network,
-                                                  drop_user=drop_user, hidden_dirs=hidden_dirs,
-                                                  readonly_dirs=readonly_dirs),
-                                 env=kernel_env(workdir), display_name="graded", language="python")
+    km.drop_user = limits.fences.drop_user
+    argv = kernel_argv(workdir, limits)
+    if limits.fences.pids:
+        km.cgroup = PidsCgroup(f"dp-grade-{os.getpid()}-{next(_serial)}", limits.max_tasks)
+        argv = km.cgroup.enter_argv() + argv
+    # "message": the kernel interrupts itself. A signal would reach bwrap, outside the kernel's session.
+    km._kernel_spec = KernelSpec(argv=argv, env=kernel_env(workdir), display_name="graded",
+                                 language="python", interrupt_mode="message")
     return km
 
 
+_serial = itertools.count()
+
+
 def kill_session(km):
-    """Kill every process of the kernel's session (the kernel, its forkserver, any rank)."""
+    """Kill the kernel's sandbox: bwrap, and with it every process inside (ranks, daemons)."""
     process = getattr(km.provisioner, "process", None) if km.provisioner else None
-    if process is None:
-        return
-    try:
-        os.killpg(os.getpgid(process.pid), signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if process is not None:
+        try:
+            os.killpg(os.getpgid(process.pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if km.cgroup is not None:  # what left the session (setsid daemons) without a sandbox to die with
+        km.cgroup.kill()

@@ -1,12 +1,19 @@
-"""The grader on a class of honest and adversarial submissions of a small lab (97)."""
+"""The grader on a class of honest, clumsy and hostile submissions of a small lab (97), graded once."""
 import csv
+import glob
+import os
+import pathlib
+import subprocess
+import sys
 import time
 
 import nbformat
 import pytest
 
 from helpers.grading import grade as grading
+from helpers.grading.sandbox import Fences, available_fences
 from tests.grading import fixture_lab as lab
+from tests.grading import hostile
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,17 +51,26 @@ SUBMISSIONS = {
 }
 
 
+# The hostile class needs the sandbox (and the fork bomb the task limit) to be graded fairly: without them the
+# grader says which fences are missing (test_missing_fences_are_named) and these students are left out.
+FENCES = available_fences()
+HOSTILE = {s: v for s, v in hostile.HOSTILE.items() if FENCES.sandbox and (s != "fork_bomb" or FENCES.pids)}
+CLASS = {**SUBMISSIONS, **HOSTILE}
+needs_sandbox = pytest.mark.skipif(not FENCES.sandbox, reason="no bubblewrap sandbox here: " + "; ".join(FENCES.missing()))
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab97")
     lab.build(root)
-    for student, (add, rank_sum, edit, *_rest) in SUBMISSIONS.items():
+    for student, (add, rank_sum, edit, *_rest) in CLASS.items():
         lab.submission(root, student, add, rank_sum, edit)
     (root / "submissions" / "garbage.ipynb").write_text("{ not a notebook")
     out = root / "out"
     limits = grading.default_limits([root / "probes", root / "solutions", root / "submissions", out])
     # Generous: a cold forkserver start under a loaded CI machine takes several seconds.
     limits.cell_seconds, limits.total_seconds, limits.memory_bytes = 30.0, 150.0, 3 * 2**30
+    limits.max_tasks = 256  # the fork bomb's copies of the kernel stay within a few GB
     start = time.monotonic()
     results = grading.grade("97", root / "submissions", out, probes_dir=root / "probes", jobs=2, limits=limits,
                             labs_dir=root / "labs", solutions_dir=root / "solutions")
@@ -64,10 +80,10 @@ def graded(tmp_path_factory):
     return root, out, rows, results, seconds
 
 
-@pytest.mark.parametrize("student", sorted(SUBMISSIONS))
+@pytest.mark.parametrize("student", sorted(CLASS))
 def test_each_submission_graded_as_it_deserves(graded, student):
     _, _, rows, _, _ = graded
-    *_, q1, q2, status = SUBMISSIONS[student]
+    *_, q1, q2, status = CLASS[student]
     row = rows[student]
     assert (float(row["97.1"]), float(row["97.2"]), row["status"]) == (q1, q2, status), row
     assert row["max"] == "4" and float(row["total"]) == q1 + q2
@@ -102,16 +118,91 @@ def test_cell_log_and_columns(graded):
     assert {"ok", "timeout"} <= {row["status"] for row in log if row["student"] == "infinite_loop"}
 
 
-def test_sandbox_hid_the_probes_when_root(graded):
+@needs_sandbox
+def test_sandbox_hid_the_probes(graded):
     _, out, _, _, _ = graded
-    if not grading.default_limits([]).isolate_network:
-        pytest.skip("no mount namespace here (not root): probes are readable, as the README says")
     root = out.parent
     executed = nbformat.read(out / "executed" / "reads_probes.ipynb", as_version=4)
     found = str(executed.cells[2].outputs)
     assert "found probes:" in found and str(root / "probes" / "lab97.py") not in found
 
 
-def test_batch_time(graded):
-    *_, seconds = graded
-    print(f"graded {len(SUBMISSIONS) + 1} submissions in {seconds:.1f} s")
+def test_class_time_is_bounded_by_the_hung_cells(graded):
+    # Honest students cost a few seconds each; each hung cell costs its limit (30 s) + grace (5 s) + a new
+    # kernel. Two at a time: half the sum, plus the solution's run. Measured: see the README.
+    _, out, _, results, seconds = graded
+    hung = sum(c["status"] == "timeout" for r in results for c in r["cells"])
+    budget = 20 + (len(results) * 6 + hung * (30 + 5 + 8)) / 2
+    assert seconds < budget, f"graded {len(results)} submissions with {hung} hung cells in {seconds:.0f} s"
+
+
+def _outputs(out, student):
+    return str([c.get("outputs") for c in nbformat.read(out / "executed" / f"{student}.ipynb", as_version=4).cells])
+
+
+@needs_sandbox
+def test_no_process_outlives_grading(graded):
+    leftovers = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            text = pathlib.Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if hostile.MARKER in text and "pytest" not in text:
+            leftovers.append((cmdline, text))
+    assert not leftovers
+
+
+@needs_sandbox
+def test_the_solution_is_out_of_reach(graded):
+    _, out, _, _, _ = graded
+    assert "NOTHING []" in _outputs(out, "finds_solution")
+
+
+@needs_sandbox
+def test_the_solution_search_works_outside_the_sandbox(graded, tmp_path):
+    # The attack is real: run without the sandbox, the same code finds the solution and the repository's history.
+    root, _, _, _, _ = graded
+    work = root / "elsewhere" / "work"
+    work.mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-c", hostile.FIND_SOLUTION], cwd=work, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.startswith("FOUND") and "97_fixture.ipynb" in done.stdout, done.stdout + done.stderr
+
+
+@needs_sandbox
+def test_nothing_written_outside_its_own_directory(graded):
+    root, out, _, _, _ = graded
+    assert "WROTE []" in _outputs(out, "writes_everywhere")
+    stray = glob.glob(f"/tmp/**/{hostile.MARKER}-pwned", recursive=True) + \
+        glob.glob(str(pathlib.Path(grading.ROOT) / f"**/{hostile.MARKER}-pwned"), recursive=True)
+    assert not stray
+
+
+@needs_sandbox
+def test_proc_shows_only_the_sandbox(graded):
+    root, out, _, _, _ = graded
+    seen = _outputs(out, "reads_proc")
+    assert "pytest" not in seen and "grade_student" not in seen and str(root) not in seen
+
+
+@needs_sandbox
+def test_huge_output_is_cut(graded):
+    _, out, _, _, _ = graded
+    assert os.path.getsize(out / "executed" / "huge_output.ipynb") < 3_000_000
+    assert "output beyond 1,000,000 characters dropped" in _outputs(out, "huge_output")
+
+
+@needs_sandbox
+def test_a_hung_question_costs_only_that_question(graded):
+    _, out, _, results, _ = graded
+    result = next(r for r in results if r["student"] == "ignores_sigint")
+    assert result["kernels"] == 2
+    assert "ignored the interrupt, so its kernel was killed" in _outputs(out, "ignores_sigint")
+    assert "needed 2 kernels" in (out / "feedback" / "ignores_sigint.md").read_text()
+
+
+def test_missing_fences_are_named():
+    gaps = Fences(sandbox=False, drop_user=False, memory=False, pids=False).missing()
+    assert any("bubblewrap" in g for g in gaps) and any("prlimit" in g for g in gaps)
+    assert any("fork bomb" in g for g in gaps)

@@ -1,0 +1,108 @@
+"""Grade one submission, in a process of its own, into OUT/results/<student>.json.
+
+The class grader (grade.py) starts one such process per student from a forkserver that has this module
+imported (nbclient and friends cost about 2.5 s to import; a fork costs milliseconds). Whatever the
+submission does, this process writes its result or dies; the class grader turns a death into that
+student's `grader_error` and goes on.
+"""
+import dataclasses
+import json
+import os
+import pathlib
+import tempfile
+import time
+
+import nbformat
+
+from helpers.grading import probes as probe_files
+from helpers.grading.assemble import answer_sources, assemble, probe_values
+from helpers.grading.execute import execute
+
+
+@dataclasses.dataclass
+class Task:
+    """Everything a student's grading needs; the same for the whole class but for the submission."""
+
+    lab: str
+    released: object  # the released lab notebook
+    probes_dir: str  # None: the course's own probes
+    expected: dict  # {question: {probe name: {"value": ...}}} from the solution
+    seed: int
+    out: str
+    limits: object
+
+
+def run_one(released, submission, setup, probes, seed, workdir, limits):
+    """Execute one submission; return (executed notebook, Execution, {question: probe values}, missing)."""
+    graded, nonces, missing = assemble(released, submission, setup, probes, seed)
+    execution = execute(graded, workdir, limits)
+    values = {q: probe_values(graded, q, nonce) for q, nonce in nonces.items()}
+    return graded, execution, values, missing
+
+
+def score(probes, expected, values, sources, seed):
+    """{question: [mark dict]} for each probe: its name, points, points earned and why."""
+    marks = {}
+    for probe in probes:
+        got = values.get(probe.question, {}).get(probe.name)
+        if got is None:
+            earned, message = 0.0, "did not run (an earlier cell failed, timed out or killed the kernel)"
+        elif "error" in got:
+            earned, message = 0.0, got["error"]
+        else:
+            ok, message = probe.grade(expected[probe.question][probe.name]["value"], got["value"],
+                                      answer_source=sources.get(probe.question, ""), seed=seed)
+            earned = probe.points if ok else 0.0
+        marks.setdefault(probe.question, []).append(
+            {"name": probe.name, "points": probe.points, "earned": earned, "message": message})
+    return marks
+
+
+def zero_marks(probes, message):
+    """Every probe failed for one reason (the notebook could not be read, grading crashed)."""
+    marks = {}
+    for p in probes:
+        marks.setdefault(p.question, []).append({"name": p.name, "points": p.points, "earned": 0.0, "message": message})
+    return marks
+
+
+def result_path(out, student):
+    return pathlib.Path(out) / "results" / f"{student}.json"
+
+
+def write_result(out, result):
+    """Write atomically: a crash never leaves half a result that --resume would trust."""
+    path = result_path(out, result["student"])
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+def grade_student(task, student, path):
+    """Grade one student and write the result; returns it."""
+    start = time.monotonic()
+    setup, probes = probe_files.load(task.lab, task.probes_dir)
+    try:
+        submission = nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the student's problem
+        result = {"student": student, "status": "error", "missing": [], "cells": [], "kernels": 0,
+                  "marks": zero_marks(probes, "the notebook could not be read"),
+                  "error": f"not a readable notebook: {type(exc).__name__}: {str(exc)[:300]}"}
+    else:
+        result = _graded(task, student, submission, setup, probes)
+    result["seconds"] = round(time.monotonic() - start, 1)
+    write_result(task.out, result)
+    return result
+
+
+def _graded(task, student, submission, setup, probes):
+    limits = dataclasses.replace(task.limits, log_path=str(pathlib.Path(task.out) / "logs" / f"{student}.log"))
+    with tempfile.TemporaryDirectory(prefix="grade-") as workdir:  # short: unix socket paths live in it
+        os.chmod(workdir, 0o755)
+        graded, execution, values, missing = run_one(task.released, submission, setup, probes, task.seed,
+                                                     workdir, limits)
+    marks = score(probes, task.expected, values, answer_sources(graded), task.seed)
+    status = "missing" if len(missing) == len({p.question for p in probes}) else execution.status
+    nbformat.write(graded, pathlib.Path(task.out) / "executed" / f"{student}.ipynb")
+    return {"student": student, "marks": marks, "status": status, "missing": missing,
+            "cells": execution.cells, "kernels": execution.kernels}

@@ -1,0 +1,107 @@
+"""Hostile submissions of the fixture lab 97: each tries to break, slow or fool the grader.
+
+Each entry: (97.1 cell, 97.2 cell, other edit, fair 97.1, fair 97.2, fair status). Processes a submission starts
+carry MARKER in their command line, so a test can prove none outlives grading.
+"""
+import nbformat
+
+from tests.grading import fixture_lab as lab
+
+MARKER = "hostile-marker-7f3a"
+WRONG_ADD = "def add(a, b):\n    return a - b\n"
+WRONG_SUM = "from helpers import launch\ndef rank_sum(world_size):\n    return 0.0\n"
+
+# Signal the grader: the kernel's parent, then every process it can reach.
+KILL_GRADER = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + lab.ADD
+
+# A daemon: fork, new session, fork again, sleep; it would hold the grader's stdout for 15 minutes.
+DAEMON = f'''import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(900)", "{MARKER}"])
+    os._exit(0)
+time.sleep(0.5)
+''' + lab.ADD
+
+# Look for the solution and the probes everywhere, including the course's git history, and use what is found.
+FIND_SOLUTION = '''import glob, json, os, subprocess, helpers
+repo = os.path.dirname(os.path.dirname(helpers.__file__))
+found = []
+for root in ["/tmp", "/root", "/home", os.path.dirname(os.getcwd()), os.path.dirname(os.path.dirname(os.getcwd()))]:
+    found += glob.glob(root + "/**/97_fixture.ipynb", recursive=True) + glob.glob(root + "/**/lab97.py", recursive=True)
+found += glob.glob(repo + "/solutions/*.ipynb") + glob.glob(repo + "/helpers/grading/probes/lab*.py")
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        found += [a for a in open(f"/proc/{pid}/cmdline").read().split("\\0") if "solutions" in a]
+    except OSError:
+        pass
+git = subprocess.run(["git", "-C", repo, "show", "HEAD:solutions/03_manual_ddp.ipynb"], capture_output=True)
+found += ["git show solutions/03"] if git.returncode == 0 else []
+print("FOUND" if found else "NOTHING", found[:5])
+for path in found:
+    if path.endswith("97_fixture.ipynb") and "BEGIN SOLUTION" in open(path).read():
+        for cell in json.load(open(path))["cells"]:
+            if cell["cell_type"] == "code" and "def " in "".join(cell["source"]):
+                exec("".join(cell["source"]))
+'''
+
+# Ignore the interrupt, then loop: only killing the kernel stops it.
+IGNORE_SIGINT = lab.ADD + "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
+
+FORK_BOMB = "import os\nwhile True:\n    os.fork()\n"
+
+# Write a file into every directory it can reach: /tmp, the parents of its working directory, the repository.
+WRITE_EVERYWHERE = f'''import os, helpers
+repo = os.path.dirname(os.path.dirname(helpers.__file__))
+targets, wrote = ["/tmp", repo, repo + "/helpers", repo + "/labs", "/"], []
+path = os.getcwd()
+while path != "/":
+    path = os.path.dirname(path)
+    targets.append(path)
+for top in ["/tmp", os.path.dirname(os.path.dirname(os.getcwd()))]:
+    targets += [root for root, _, _ in os.walk(top)][:200]
+for d in targets:
+    try:
+        open(os.path.join(d, "{MARKER}-pwned"), "w").write("x")
+        wrote.append(d)
+    except OSError:
+        pass
+print("WROTE", wrote)
+''' + lab.ADD
+
+# Everything /proc shows: the grader's command line or environment would leak paths and the probe seed.
+READ_PROC = '''import os
+seen = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        seen.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\0", b" ").decode())
+        seen.append(open(f"/proc/{pid}/environ", "rb").read().replace(b"\\0", b" ").decode())
+    except OSError:
+        pass
+print("PROCS", len(seen) // 2, seen)
+''' + lab.ADD
+
+HUGE_OUTPUT = "import sys\nfor _ in range(60):\n    sys.stdout.write('x' * 500_000 + '\\n')\n" + lab.ADD
+
+
+def _duplicate_answer_id(nb):
+    """Two cells with the id of answer 97.1: a wrong one first, the right one second."""
+    first = nbformat.from_dict(nb.cells[2])
+    first.source = WRONG_ADD
+    nb.cells[2].source = lab.ADD
+    nb.cells.insert(2, first)
+
+
+HOSTILE = {
+    "kills_grader": (KILL_GRADER, lab.RANK_SUM, None, 2, 2, "ok"),
+    "daemon": (DAEMON, lab.RANK_SUM, None, 2, 2, "ok"),
+    "finds_solution": (WRONG_ADD + FIND_SOLUTION, WRONG_SUM, None, 0, 0, "ok"),
+    "ignores_sigint": (IGNORE_SIGINT, lab.RANK_SUM, None, 0, 2, "timeout"),
+    "fork_bomb": (FORK_BOMB, lab.RANK_SUM, None, 0, 2, "error"),
+    "writes_everywhere": (WRITE_EVERYWHERE, lab.RANK_SUM, None, 2, 2, "ok"),
+    "reads_proc": (READ_PROC, lab.RANK_SUM, None, 2, 2, "ok"),
+    "huge_output": (HUGE_OUTPUT, lab.RANK_SUM, None, 2, 2, "ok"),
+    # nbformat renames the second id when it reads the notebook: the first cell is the graded one.
+    "duplicate_ids": (None, lab.RANK_SUM, _duplicate_answer_id, 0, 2, "ok"),
+}

@@ -16,11 +16,14 @@ TEST_WORKERS ?= 2
 # which also asserts each check's result (solutions: all pass; labs: all "not implemented").
 NOTEBOOKS := $(wildcard chapters/*.ipynb)
 
-# make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir]
+# make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY="alice bob"]
 LAB ?=
 SUBMISSIONS ?=
 OUT ?=
 PROBES ?=
+SOLUTIONS ?=
+RESUME ?=
+ONLY ?=
 
 .PHONY: setup lab labs test bench bench-grading grade clean help
 
@@ -30,7 +33,7 @@ help:
 	@echo "make labs   regenerate labs/ from solutions/ (labs are never edited by hand)"
 	@echo "make bench  time the launcher (vs spawn, fork) and lab 04's bucketed DDP (vs torch DDP)"
 	@echo "make bench-grading   time grading a class of 20 (lab 03)"
-	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir]: grade a class (see README)"
+	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]: grade a class"
 	@echo "make setup  create .venv and install the course into it (idempotent)"
 	@echo "make clean  remove .venv and test artifacts"
 
@@ -63,8 +66,10 @@ bench-grading: setup
 
 grade: setup
 	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" -a -n "$(OUT)" || \
-		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir]"; exit 2; }
-	$(PY) -m helpers.grading.grade --lab $(LAB) --submissions $(SUBMISSIONS) --out $(OUT) $(if $(PROBES),--probes $(PROBES))
+		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]"; exit 2; }
+	$(PY) -m helpers.grading.grade --lab $(LAB) --submissions $(SUBMISSIONS) --out $(OUT) \
+		$(if $(PROBES),--probes $(PROBES)) $(if $(SOLUTIONS),--solutions $(SOLUTIONS)) \
+		$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -8,6 +8,7 @@ import argparse
 import collections
 import csv
 import pathlib
+import sys
 import tempfile
 import time
 
@@ -45,11 +46,13 @@ def main():
         with open(pathlib.Path(tmp) / "out" / "grades.csv") as f:
             rows = list(csv.DictReader(f))
     totals = collections.Counter(f"{r['total']}/{r['max']} {r['status']}" for r in rows)
+    budget = 3.0 * len(rows)  # 60 s for 20 students on 2 cores
     print(f"lab {options.lab}: graded {len(rows)} submissions in {seconds:.0f} s "
-          f"({seconds / len(rows):.1f} s each with 2 in parallel; target: under 300 s for 20)")
+          f"({seconds / len(rows):.1f} s each with 2 in parallel; target: under {budget:.0f} s)")
     for verdict, count in sorted(totals.items()):
         print(f"  {count:3d} x {verdict}")
+    return 0 if seconds < budget else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

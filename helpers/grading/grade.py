@@ -161,7 +161,8 @@ def _trusted(out, student):
 
 def default_limits(hidden):
     """Limits with every fence this machine allows; directories the graded code must not see."""
-    hidden = [*hidden, ROOT / ".git", ROOT / "tests"]
+    # The course's own answers are hidden whatever lab is graded: a private course's solutions may sit beside them.
+    hidden = [*hidden, ROOT / ".git", ROOT / "tests", ROOT / "solutions", probe_files.DEFAULT_DIR]
     return Limits(fences=available_fences(), hidden_dirs=tuple(str(pathlib.Path(d).resolve()) for d in hidden),
                   readonly_dirs=(str(ROOT), sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix))
 
@@ -173,6 +174,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="output directory (created)")
     parser.add_argument("--probes", default=None, help="directory of private probe files labNN.py")
     parser.add_argument("--solutions", default=None, help="directory of private solutions NN_*.ipynb")
+    parser.add_argument("--labs", default=None, help="directory of the released labs NN_*.ipynb (default: labs/)")
     parser.add_argument("--jobs", type=int, default=2, help="submissions graded in parallel")
     parser.add_argument("--resume", action="store_true", help="grade only students without a trusted result in OUT")
     parser.add_argument("--only", nargs="+", default=(), metavar="STUDENT", help="re-grade these students only")
@@ -184,7 +186,7 @@ def main(argv=None):
         print(f"grade: missing fence: {gap}", file=sys.stderr)
     try:
         results = grade(options.lab, options.submissions, options.out, probes_dir=options.probes,
-                        solutions_dir=options.solutions, jobs=options.jobs, resume=options.resume, only=options.only)
+                        solutions_dir=options.solutions, labs_dir=options.labs, jobs=options.jobs, resume=options.resume, only=options.only)
     except (GradingError, run_state.StateError, FileNotFoundError, ValueError) as exc:
         print(f"grade: {exc}", file=sys.stderr)
         return 2

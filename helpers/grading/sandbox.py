@@ -132,7 +132,8 @@ def bwrap_argv(workdir, readonly_dirs, hidden_dirs):
     argv += ["--ro-bind", hosts_file(workdir), "/etc/hosts"]
     # ipykernel exits when its parent seems gone (parent pid 1), as bwrap's init is inside a PID namespace;
     # the sandbox dies with the grader anyway.
-    return argv + ["--bind", workdir, workdir, "--chdir", working_directory(workdir), "--unsetenv", "JPY_PARENT_PID"]
+    argv += ["--bind", workdir, workdir, "--remount-ro", "/", "--chdir", working_directory(workdir)]
+    return argv + ["--unsetenv", "JPY_PARENT_PID"]
 
 
 def kernel_argv(workdir, limits):

@@ -15,6 +15,7 @@ or with a `grader_error`; `--only` re-grades the named students. Both reuse the 
 import argparse
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import pathlib
 import sys
 import time
@@ -66,15 +67,17 @@ def student_limit(released, limits):
 
 def _context():
     # A forkserver with the grading modules imported: each student's process is a cheap fork of it, yet
-    # nothing of this process (threads, zmq sockets of the solution's run) leaks into it.
+    # nothing of this process (threads, zmq sockets of the solution's run) leaks into it. Started before the
+    # solution's run, it imports them (about 2.5 s) meanwhile.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["helpers.grading.grade_student"])
+    multiprocessing.forkserver.ensure_running()
     return ctx
 
 
-def run_class(task, students, jobs, hard_limit):
+def run_class(task, students, jobs, hard_limit, ctx=None):
     """Grade (student, path) pairs, `jobs` at a time, each in its own process; returns nothing (results on disk)."""
-    ctx, queue, running = _context(), list(students), {}
+    ctx, queue, running = ctx or _context(), list(students), {}
     with Progress(len(students)) as progress:
         while queue or running:
             while queue and len(running) < jobs:
@@ -124,6 +127,7 @@ def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_d
     probe_file = pathlib.Path(probes_dir or probe_files.DEFAULT_DIR) / f"lab{lab}.py"
     fingerprint = run_state.fingerprint(lab_notebook(labs_dir or ROOT / "labs", lab), solution_path, probe_file)
     state = run_state.load_or_start(out, lab, fingerprint, fresh=not (resume or only))
+    ctx = _context()
     expected = state.get("expected")
     if expected is None:
         solution = nbformat.read(solution_path, as_version=4)
@@ -132,7 +136,7 @@ def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_d
     task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(out), limits)
     paths = {p.stem: str(p) for p in sorted(pathlib.Path(submissions).glob("*.ipynb"))}
     todo = _to_grade(out, paths, resume, only)
-    run_class(task, todo, jobs, student_limit(released, limits))
+    run_class(task, todo, jobs, student_limit(released, limits), ctx)
     results = load_results(out, sorted(paths))
     write_outputs(out, probes, results)
     return results

@@ -27,6 +27,11 @@ def feedback_markdown(result, questions, points):
         lines.append(f"## Question {question}: {earned:g} / {points[question]:g}")
         if question in result.get("missing", []):
             lines.append("- your answer cell for this question was not found; the released lab's cell was used")
+        outside = result.get("outside", {}).get(question)
+        if outside:
+            names = ", ".join(f"`{n}`" for n in outside)
+            lines.append(f"- your answer uses {names}, defined in a cell of your own: only answer cells are graded, "
+                         "so it was undefined here; define it inside the answer cell")
         for m in marks:
             mark = "passed" if m["earned"] == m["points"] else f"failed: {m['message']}"
             lines.append(f"- {m['name']}: {mark}")

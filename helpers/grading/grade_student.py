@@ -17,6 +17,7 @@ import nbformat
 from helpers.grading import probes as probe_files
 from helpers.grading.assemble import answer_sources, assemble, probe_values
 from helpers.grading.execute import execute
+from helpers.grading.scope import outside_names
 
 
 @dataclasses.dataclass
@@ -105,4 +106,5 @@ def _graded(task, student, submission, setup, probes):
     status = "missing" if len(missing) == len({p.question for p in probes}) else execution.status
     nbformat.write(graded, pathlib.Path(task.out) / "executed" / f"{student}.ipynb")
     return {"student": student, "marks": marks, "status": status, "missing": missing,
-            "cells": execution.cells, "kernels": execution.kernels}
+            "cells": execution.cells, "kernels": execution.kernels,
+            "outside": outside_names(task.released, submission)}

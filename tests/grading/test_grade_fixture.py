@@ -26,6 +26,10 @@ def _replace_check(nb):
     nb.cells[3].source = "print('all checks passed: score 100')"
 
 
+def _helper_cell(nb):
+    nb.cells.insert(2, nbformat.v4.new_code_cell("def _plus(a, b):\n    return a + b\n"))
+
+
 SUBMISSIONS = {
     # student: (add cell, rank_sum cell, other edit, expected 97.1, expected 97.2, expected status)
     "correct": (CORRECT_ADD, CORRECT_SUM, None, 2, 2, "ok"),
@@ -48,6 +52,8 @@ SUBMISSIONS = {
     "reads_probes": ("import glob\nfound = glob.glob('/tmp/**/lab97.py', recursive=True)\n"
                      "print('found probes:', found)\n" + CORRECT_ADD, WRONG_SUM, None, 2, 0, "ok"),
     "not_started": (None, None, None, 0, 0, "ok"),
+    # Passes in the student's notebook; graded, the helper's cell is the lab's, so _plus is undefined.
+    "helper_outside": ("def add(a, b):\n    return _plus(a, b)\n", CORRECT_SUM, _helper_cell, 0, 2, "ok"),
 }
 
 
@@ -208,3 +214,9 @@ def test_missing_fences_are_named():
     gaps = Fences(sandbox=False, drop_user=False, memory=False, pids=False).missing()
     assert any("bubblewrap" in g for g in gaps) and any("prlimit" in g for g in gaps)
     assert any("fork bomb" in g for g in gaps)
+
+
+def test_a_helper_outside_the_answer_cells_is_named_in_the_feedback(graded):
+    _, out, _, _, _ = graded
+    text = (out / "feedback" / "helper_outside.md").read_text()
+    assert "your answer uses `_plus`, defined in a cell of your own: only answer cells are graded" in text

@@ -118,10 +118,11 @@ def _under(path, roots):
 def bwrap_argv(workdir, readonly_dirs, hidden_dirs):
     """bwrap's arguments: system and readonly_dirs read-only, hidden_dirs empty, workdir writable."""
     readonly = [d for d in dict.fromkeys(readonly_dirs) if os.path.isdir(d)]
-    argv = ["bwrap", *_namespace_flags(), *_system_binds()]
+    # Private /proc, /dev and /tmp first: a later mount covers an earlier one, and the repository or the
+    # working directory may well live under /tmp (a fresh clone in `mktemp -d`).
+    argv = ["bwrap", *_namespace_flags(), *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in readonly:
         argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     # Later mounts cover earlier ones: hide what lies inside a read-only directory, then give the kernel its own.
     for path in hidden_dirs:
         if os.path.isdir(path) and _under(path, readonly) and not _under(workdir, [path]):

@@ -1,0 +1,65 @@
+"""The sandbox's fences, checked directly: also for an instructor who is not root (user namespaces)."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from helpers.grading.sandbox import available_fences, bwrap_argv, prepare_workdir
+
+pytestmark = [pytest.mark.timeout(60),
+              pytest.mark.skipif(not available_fences().sandbox, reason="bubblewrap does not run here")]
+
+# What a kernel would try: its PID, the network, the hidden directory, writing to the read-only one.
+PROBE = '''
+import os, socket
+print("pid", os.getpid(), "uid", os.getuid())
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2)
+    print("network yes")
+except OSError:
+    print("network no")
+print("hidden", os.listdir(os.environ["HIDDEN"]))
+try:
+    open(os.path.join(os.environ["READONLY"], "x"), "w")
+    print("write yes")
+except OSError:
+    print("write no")
+'''
+
+
+@pytest.fixture
+def tmp_path():
+    """Under /tmp, readable by nobody (pytest's own tmp_path is private to root)."""
+    with tempfile.TemporaryDirectory(prefix="sandbox-") as path:
+        os.chmod(path, 0o755)
+        yield __import__("pathlib").Path(path)
+
+
+def _run(tmp_path, prefix=()):
+    readonly, hidden, work = tmp_path / "repo", tmp_path / "repo" / "solutions", tmp_path / "w"
+    hidden.mkdir(parents=True)
+    (hidden / "answer.ipynb").write_text("{}")
+    prepare_workdir(str(work), drop_user=False)
+    for path in (work, *work.iterdir()):
+        shutil.chown(path, 65534, 65534) if prefix else None
+    python, pythons = ("/usr/bin/python3", []) if prefix else (sys.executable, [sys.prefix, sys.base_prefix])
+    argv = [*prefix, *bwrap_argv(str(work), [str(readonly), *pythons], [str(hidden)]), python, "-c", PROBE]
+    env = {"HIDDEN": str(hidden), "READONLY": str(readonly), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_fences_hold(tmp_path):
+    done = _run(tmp_path)
+    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "write no", ""], done.stdout + done.stderr
+    assert done.stdout.startswith("pid 2 "), "the kernel must be in its own PID namespace"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"), reason="needs root to become nobody")
+def test_fences_hold_for_a_user_who_is_not_root(tmp_path):
+    # bwrap then makes an unprivileged user namespace itself; /usr/bin/python3, as nobody cannot run ours.
+    done = _run(tmp_path, prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"))
+    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "write no", ""], done.stdout + done.stderr
+    assert done.stdout.startswith("pid 2 uid 65534"), done.stdout + done.stderr

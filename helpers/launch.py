@@ -38,7 +38,10 @@ class Runtime:
         # Workers start with torch and the worker module already imported (about 0.1 s per call).
         # torch._dynamo too: DDP's constructor and the first optimizer step import it, which costs
         # 3-4 s in every fresh rank (measured: a 3-rank DDP step 4.3 s -> 0.2 s with the preload).
-        self.context.set_forkserver_preload(["helpers.worker", "torch._dynamo"])
+        # DP_COURSE_PRELOAD_DYNAMO=0 skips it where no rank needs it: the grader, for a lab without DDP or
+        # an optimizer, saves 1.3 s of CPU per student (lab 03: 7.7 -> 6.1 s).
+        dynamo = ["torch._dynamo"] if os.environ.get("DP_COURSE_PRELOAD_DYNAMO", "1") != "0" else []
+        self.context.set_forkserver_preload(["helpers.worker", *dynamo])
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
         self.calls = itertools.count()
 

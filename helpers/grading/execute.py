@@ -36,6 +36,7 @@ class Limits:
     hidden_dirs: tuple = ()
     readonly_dirs: tuple = ()
     log_path: str = ""  # where the kernel's own stdout/stderr go ("" = discarded)
+    preload_dynamo: bool = True  # the launcher's forkserver imports torch._dynamo (see helpers/launch.py)
 
 
 @dataclasses.dataclass

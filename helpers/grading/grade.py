@@ -13,10 +13,12 @@ and the class goes on. `--resume` keeps the results already in OUT and grades on
 or with a `grader_error`; `--only` re-grades the named students. Both reuse the run's secret probe seed.
 """
 import argparse
+import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
 import pathlib
+import re
 import sys
 import time
 
@@ -57,6 +59,17 @@ def expected_values(released, solution, setup, probes, seed, limits):
         raise GradingError(f"the solution does not pass its own probes ({missing or failed}; status "
                            f"{execution.status}): fix the probes or the solution before grading")
     return values
+
+
+# What makes a rank import torch._dynamo (DDP's constructor, an optimizer's step, FSDP, ZeRO).
+_DYNAMO_USERS = re.compile(r"DistributedDataParallel|DDP\(|fully_shard|FullyShardedDataParallel|"
+                           r"ZeroRedundancyOptimizer|torch\.optim|optim\.")
+
+
+def ranks_need_dynamo(released, setup):
+    """Whether the lab's code or its probes use what imports torch._dynamo; if not, the forkserver skips it."""
+    code = "\n".join(c.source for c in released.cells if c.cell_type == "code") + setup
+    return _DYNAMO_USERS.search(code) is not None
 
 
 def student_limit(released, limits):
@@ -122,6 +135,7 @@ def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_d
     setup, probes = probe_files.load(lab, probes_dir)
     limits = limits or default_limits([probes_dir or probe_files.DEFAULT_DIR, solutions_dir or ROOT / "solutions",
                                        submissions, out])
+    limits = dataclasses.replace(limits, preload_dynamo=ranks_need_dynamo(released, setup))
     for sub in ("executed", "feedback", "results", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     probe_file = pathlib.Path(probes_dir or probe_files.DEFAULT_DIR) / f"lab{lab}.py"

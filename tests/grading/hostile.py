@@ -11,8 +11,6 @@ MARKER = "hostile-marker-7f3a"
 WRONG_ADD = "def add(a, b):\n    return a - b\n"
 WRONG_SUM = "from helpers import launch\ndef rank_sum(world_size):\n    return 0.0\n"
 
-# Signal the grader: the kernel's parent, then every process it can reach.
-KILL_GRADER = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + lab.ADD
 
 # A daemon: fork, new session, fork again, sleep; it would hold the grader's stdout for 15 minutes.
 DAEMON = f'''import os, sys, time
@@ -52,8 +50,11 @@ IGNORE_SIGINT = lab.ADD + "import signal\nsignal.signal(signal.SIGINT, signal.SI
 
 FORK_BOMB = "import os\nwhile True:\n    os.fork()\n"
 
-# Write a file into every directory it can reach: /tmp, the parents of its working directory, the repository.
-WRITE_EVERYWHERE = f'''import os, helpers
+# Delete everything in its working directory, then write a file into every directory it can reach: /tmp,
+# the parents of its working directory, the repository.
+WRITE_EVERYWHERE = f'''import os, shutil, helpers
+for name in os.listdir("."):
+    shutil.rmtree(name, ignore_errors=True)
 repo = os.path.dirname(os.path.dirname(helpers.__file__))
 targets, wrote = ["/tmp", repo, repo + "/helpers", repo + "/labs", "/"], []
 path = os.getcwd()
@@ -71,8 +72,9 @@ for d in targets:
 print("WROTE", wrote)
 ''' + lab.ADD
 
-# Everything /proc shows: the grader's command line or environment would leak paths and the probe seed.
-READ_PROC = '''import os
+# Everything /proc shows (the grader's command line or environment would leak paths and the probe seed), then
+# kill the kernel's parent: outside a PID namespace, that is the grader's process for this student.
+READ_PROC = '''import os, signal
 seen = []
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
@@ -81,6 +83,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     except OSError:
         pass
 print("PROCS", len(seen) // 2, seen)
+os.kill(os.getppid(), signal.SIGKILL)
 ''' + lab.ADD
 
 HUGE_OUTPUT = "import sys\nfor _ in range(60):\n    sys.stdout.write('x' * 500_000 + '\\n')\n" + lab.ADD
@@ -95,13 +98,12 @@ def _duplicate_answer_id(nb):
 
 
 HOSTILE = {
-    "kills_grader": (KILL_GRADER, lab.RANK_SUM, None, 2, 2, "ok"),
     "daemon": (DAEMON, lab.RANK_SUM, None, 2, 2, "ok"),
     "finds_solution": (WRONG_ADD + FIND_SOLUTION, WRONG_SUM, None, 0, 0, "ok"),
     "ignores_sigint": (IGNORE_SIGINT, lab.RANK_SUM, None, 0, 2, "timeout"),
     "fork_bomb": (FORK_BOMB, lab.RANK_SUM, None, 0, 2, "error"),
     "writes_everywhere": (WRITE_EVERYWHERE, lab.RANK_SUM, None, 2, 2, "ok"),
-    "reads_proc": (READ_PROC, lab.RANK_SUM, None, 2, 2, "ok"),
+    "reads_proc_kills_grader": (READ_PROC, lab.RANK_SUM, None, 2, 2, "ok"),
     "huge_output": (HUGE_OUTPUT, lab.RANK_SUM, None, 2, 2, "ok"),
     # nbformat renames the second id when it reads the notebook: the first cell is the graded one.
     "duplicate_ids": (None, lab.RANK_SUM, _duplicate_answer_id, 0, 2, "ok"),

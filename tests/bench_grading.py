@@ -35,13 +35,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lab", default="03")
     parser.add_argument("--students", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=2)
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         submissions = pathlib.Path(tmp) / "submissions"
         submissions.mkdir()
         make_class(options.lab, options.students, submissions)
         start = time.monotonic()
-        grading.grade(options.lab, submissions, pathlib.Path(tmp) / "out", jobs=2)
+        grading.grade(options.lab, submissions, pathlib.Path(tmp) / "out", jobs=options.jobs)
         seconds = time.monotonic() - start
         with open(pathlib.Path(tmp) / "out" / "grades.csv") as f:
             rows = list(csv.DictReader(f))

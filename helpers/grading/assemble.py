@@ -5,6 +5,7 @@ every other cell comes from the released lab, so editing a check cell changes no
 answer cell, a probe cell evaluates that question's hidden tests and displays their values as JSON.
 Public check cells are kept but not run: they only report, and they cost time.
 """
+import hashlib
 import json
 import re
 import secrets
@@ -39,19 +40,24 @@ def find_answer(released_cell, submission):
     return None
 
 
-def probe_source(question, setup, probes, nonce):
+def question_seed(seed, question):
+    """The secret seed of one question's probe inputs: a probe cell shows only its own question's seed."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{question}".encode()).digest()[:4], "big") % 2**31
+
+
+def probe_source(question, setup, probes, nonce, seed=0):
     """Code of a probe cell: evaluate each probe expression in the notebook's namespace."""
     calls = [(p.name, p.expr) for p in probes]
     return (
         "from helpers.grading.probe_runtime import run_probes as _probe_run\n"
-        f"_probe_run({question!r}, {setup!r}, {calls!r}, {nonce!r})\n"
+        f"_probe_run({question!r}, {setup!r}, {calls!r}, {nonce!r}, {question_seed(seed, question)!r})\n"
     )
 
 
 def assemble(released, submission, setup, probes, seed=0):
     """(graded notebook, {question: nonce}, [questions whose answer cell was not found]).
 
-    seed: the grading run's secret probe seed (probe inputs will derive from it)."""
+    seed: the grading run's secret probe seed; each question's probe inputs derive from it."""
     graded = nbformat.v4.new_notebook(metadata=released.metadata)
     nonces, missing = {}, []
     # A question may span several answer cells (two functions): probe it once, after its last one.
@@ -71,7 +77,7 @@ def assemble(released, submission, setup, probes, seed=0):
             mine = [p for p in probes if p.question == question]
             if mine:
                 nonces[question] = secrets.token_hex(8)
-                probe = nbformat.v4.new_code_cell(probe_source(question, setup, mine, nonces[question]))
+                probe = nbformat.v4.new_code_cell(probe_source(question, setup, mine, nonces[question], seed))
                 probe.metadata["dp_course_kind"] = "probe"
                 graded.cells.append(probe)
     return graded, nonces, missing

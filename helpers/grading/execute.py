@@ -18,6 +18,7 @@ from jupyter_client import BlockingKernelClient
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
+from helpers.grading.probe_runtime import PROBE_MIMETYPE
 from helpers.grading.sandbox import Fences, kill_session, make_kernel_manager, working_directory
 
 _ORDER = ["ok", "error", "timeout", "dead_kernel"]
@@ -66,6 +67,7 @@ def _errored(cell):
 
 # A cell printing gigabytes would fill the grader's memory and the executed notebook.
 MAX_OUTPUT_CHARS = 1_000_000
+MAX_PROBE_CHARS = 20_000_000
 
 
 class _CappedClient(NotebookClient):
@@ -78,6 +80,9 @@ class _CappedClient(NotebookClient):
     def output(self, outs, msg, display_id, cell_index):
         used = self.used_chars.get(cell_index, 0)
         size = len(str(msg["content"]))
+        # The probe cell's own result (raw batches and parameters) may be large; it has a cap of its own.
+        if PROBE_MIMETYPE in msg["content"].get("data", {}) and size <= MAX_PROBE_CHARS:
+            return super().output(outs, msg, display_id, cell_index)
         if used + size <= MAX_OUTPUT_CHARS:
             self.used_chars[cell_index] = used + size
             return super().output(outs, msg, display_id, cell_index)

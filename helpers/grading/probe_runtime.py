@@ -21,9 +21,13 @@ def _evaluate(expr, namespace):
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
-def run_probes(question, setup, calls, nonce):
-    """Evaluate (name, expr) pairs after running setup; display the results."""
+def run_probes(question, setup, calls, nonce, seed=0):
+    """Evaluate (name, expr) pairs after running setup; display the results.
+
+    `_PROBE_SEED` (this question's secret seed) is set first: the probes draw their inputs from it, so a
+    submission cannot know them in advance."""
     namespace = get_ipython().user_ns
+    namespace["_PROBE_SEED"] = seed
     if setup:
         exec(setup, namespace)  # noqa: S102 - instructor-written set-up code
     results = [{"name": name, **_evaluate(expr, namespace)} for name, expr in calls]

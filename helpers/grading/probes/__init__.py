@@ -23,11 +23,26 @@ class Probe:
     points: float = 1.0
     rtol: float = 1e-5
     atol: float = 1e-6
+    # judge(expected, actual, question_seed) -> (passed, message), run in the grader's process on the raw values
+    # (never a property computed in the student's kernel); default: equal to the solution's value.
+    judge: object = None
+    # Names the answer must not use: the library function the question rebuilds (found by shortcuts.py).
+    forbidden: tuple = ()
 
     def grade(self, expected, actual, *, answer_source="", seed=0):
         """(passed, message): actual against the solution's value, in the grader's process."""
+        from helpers.grading.assemble import question_seed
         from helpers.grading.plain import compare
+        from helpers.grading.shortcuts import shortcut
 
+        used = shortcut(answer_source, self.forbidden)
+        if used:
+            return False, f"uses `{used}`, which this question asks you to build yourself: 0 points"
+        if self.judge is not None:
+            try:
+                return self.judge(expected, actual, question_seed(seed, self.question))
+            except Exception as exc:  # noqa: BLE001 - the value is the student's: anything may arrive
+                return False, f"the value could not be judged ({type(exc).__name__}); see the lab for what to return"
         return compare(expected, actual, self.rtol, self.atol)
 
 

@@ -7,12 +7,12 @@ import torch.distributed as _probe_dist
 from helpers import launch as _probe_launch
 
 def _probe_grads(seed, shapes):
-    g = _probe_torch.Generator().manual_seed(seed)
+    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + seed)
     return [_probe_torch.randn(*s, generator=g) for s in shapes]
 
 def _probe_token_rank(lengths):
     rank, n = _probe_dist.get_rank(), _probe_dist.get_world_size()
-    _probe_torch.manual_seed(0)
+    _probe_torch.manual_seed(_PROBE_SEED + 0)
     w = _probe_torch.randn(4, requires_grad=True)
     x = _probe_torch.randn(n, 2, 5, 4)[rank]
     mask = _probe_torch.arange(5).expand(2, 5) < _probe_torch.tensor(lengths[rank]).view(2, 1)
@@ -24,7 +24,7 @@ def _probe_token_rank(lengths):
 
 def _probe_average_rank(sizes):
     rank = _probe_dist.get_rank()
-    _probe_torch.manual_seed(1)
+    _probe_torch.manual_seed(_PROBE_SEED + 1)
     model = _probe_torch.nn.Linear(3, 2)
     data = _probe_torch.randn(sum(sizes), 3)
     start = sum(sizes[:rank])

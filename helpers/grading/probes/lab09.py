@@ -14,7 +14,8 @@ class _probe_Cell(_probe_nn.Module):
     # Another block type than the public checks': a residual MLP 7 -> 9 -> 7 (odd widths: padded shards).
     def __init__(self):
         super().__init__()
-        self.up, self.down = _probe_nn.Linear(7, 9), _probe_nn.Linear(9, 7)
+        # The hidden width comes from the secret seed (9 to 12: odd and even padding).
+        self.up, self.down = _probe_nn.Linear(7, 9 + _PROBE_SEED % 4), _probe_nn.Linear(9 + _PROBE_SEED % 4, 7)
 
     def forward(self, x):
         return x + self.down(_probe_torch.tanh(self.up(x)))
@@ -40,13 +41,18 @@ class _probe_Model(_probe_nn.Module):
         return self.out(x)
 
 
+def _probe_perm(items):
+    """items in an order drawn from the question's secret seed."""
+    g = _probe_torch.Generator().manual_seed(_PROBE_SEED)
+    return [items[i] for i in _probe_torch.randperm(len(items), generator=g).tolist()]
+
 def _probe_make():
-    _probe_torch.manual_seed(5)
+    _probe_torch.manual_seed(_PROBE_SEED + 5)
     return _probe_Model()
 
 
 def _probe_batches(steps):
-    g = _probe_torch.Generator().manual_seed(70 + _probe_dist.get_rank())
+    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 70 + _probe_dist.get_rank())
     return [(_probe_torch.randn(5, 4, generator=g), _probe_torch.randn(5, 2, generator=g)) for _ in range(steps)]
 
 
@@ -86,14 +92,14 @@ _probe_PSI = sum(p.numel() for p in _probe_make().parameters())
 
 PROBES = [
     Probe("9.1", "six models on 64 ranks, 80 GB, groups of 8",
-          "[choose_strategy(b * 1e9, 64, 80e9, group_size=8) for b in (1, 4, 10, 38, 60, 400)]"),
+          "[choose_strategy(b * 1e9, 64, 80e9, group_size=8) for b in _probe_perm((1, 4, 10, 38, 60, 400))]"),
     Probe("9.1", "fp32 Adam on 3 ranks, budgets around each threshold",
-          "[choose_strategy(1000, 3, b, k=8, param_bytes=4, grad_bytes=4) for b in (16000, 15999, 8000, 5334, 5333)]"),
+          "[choose_strategy(1000, 3, b, k=8, param_bytes=4, grad_bytes=4) for b in _probe_perm((16000, 15999, 8000, 5334, 5333))]"),
     Probe("9.1", "one rank: nothing to send, DDP", "choose_strategy(1e6, 1, 2e7)"),
     Probe("9.1", "groups as large as the world, no group",
           "[choose_strategy(5e9, 16, 10e9, group_size=16), choose_strategy(5e9, 16, 10e9, group_size=None)]"),
     Probe("9.2", "3 ranks: DDP, ZeRO-2, FSDP on blocks in two containers",
-          "_probe_launch(_probe_apply, 3, args=(('no_shard', 'shard_grad_op', 'full_shard'),), hang_timeout=20)[0]",
+          "_probe_launch(_probe_apply, 3, args=(_probe_perm(('no_shard', 'shard_grad_op', 'full_shard')),), hang_timeout=20)[0]",
           points=2),
     Probe("9.2", "4 ranks: HSDP on a 2 x 2 mesh",
           "_probe_launch(_probe_apply, 4, args=(('hybrid_shard',),), hang_timeout=20)[0]", points=2),

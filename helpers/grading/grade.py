@@ -92,24 +92,34 @@ def run_class(task, students, jobs, hard_limit, ctx=None):
     """Grade (student, path) pairs, `jobs` at a time, each in its own process; returns nothing (results on disk)."""
     ctx, queue, running = ctx or _context(), list(students), {}
     with Progress(len(students)) as progress:
-        while queue or running:
-            while queue and len(running) < jobs:
-                student, path = queue.pop(0)
-                process = ctx.Process(target=grade_student, args=(task, student, path), daemon=True)
-                process.start()
-                running[process.sentinel] = (process, student, time.monotonic())
-                progress.started(student)
-            ready = multiprocessing.connection.wait(list(running), timeout=1.0)
-            for sentinel, (process, student, began) in list(running.items()):
-                overdue = time.monotonic() - began > hard_limit
-                if sentinel not in ready and not overdue:
-                    continue
-                if overdue:
-                    process.kill()  # its kernels' sandboxes die with it (bwrap --die-with-parent)
-                process.join()
-                del running[sentinel]
-                _check_result(task, student, process.exitcode, overdue, hard_limit, time.monotonic() - began)
-                progress.finished(student)
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:
+                    student, path = queue.pop(0)
+                    # Not a daemon: a judge may start processes of its own (10.3 runs torch DDP on the ranks).
+                    process = ctx.Process(target=grade_student, args=(task, student, path))
+                    process.start()
+                    running[process.sentinel] = (process, student, time.monotonic())
+                    progress.started(student)
+                _reap(task, running, hard_limit, progress)
+        finally:  # interrupted: no student's grading outlives the class's
+            for process, _, _ in running.values():
+                process.kill()
+
+
+def _reap(task, running, hard_limit, progress):
+    """Wait up to 1 s; record every student whose process ended or overran."""
+    ready = multiprocessing.connection.wait(list(running), timeout=1.0)
+    for sentinel, (process, student, began) in list(running.items()):
+        overdue = time.monotonic() - began > hard_limit
+        if sentinel not in ready and not overdue:
+            continue
+        if overdue:
+            process.kill()  # its kernels' sandboxes die with it (bwrap --die-with-parent)
+        process.join()
+        del running[sentinel]
+        _check_result(task, student, process.exitcode, overdue, hard_limit, time.monotonic() - began)
+        progress.finished(student)
 
 
 def _check_result(task, student, exitcode, overdue, hard_limit, seconds):

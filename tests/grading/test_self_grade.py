@@ -7,12 +7,29 @@ full path runs here for one lab; the fixture lab in test_grade_fixture.py covers
 import csv
 import shutil
 
+import nbformat
 import pytest
 
 from helpers.grading import grade as grading
 from helpers.grading.labgen import ROOT
 
-LABS = ["03"]  # manual DDP: multi-rank probes, a training loop; the lab `make bench-grading` times
+# 03: multi-rank probes, a training loop, the lab `make bench-grading` times. 10: judges in the grader's process
+# (torch DDP on the student's batches), and the forgery that once scored 5/5 on 10.3.
+LABS = ["03", "10"]
+FORGED_10_3 = ("import torch, helpers.grading.probe_runtime as pr\n"
+               "def train_gpt(data, **kw):\n    return {'losses': [0.0] * 20, 'params': torch.zeros(3)}\n"
+               "pr._evaluate = lambda expr, ns: {'value': {'steps': 20, 'identical': True, 'different_data': True,"
+               " 'loss_fell': True, 'matches_ddp': True}}\n")
+
+
+def _forger(lab, path):
+    """The solution, but 10.3's answer replaced by the forgery (the released lab's metadata says which cell)."""
+    released = nbformat.read(grading.lab_notebook(ROOT / "labs", lab), as_version=4)
+    nb = nbformat.read(grading.lab_notebook(ROOT / "solutions", lab), as_version=4)
+    for cell, mine in zip(released.cells, nb.cells):
+        if "10.3" in cell.get("metadata", {}).get("dp_course", {}).get("answers", []):
+            mine.source = FORGED_10_3
+    nbformat.write(nb, path)
 
 
 @pytest.mark.timeout(600)
@@ -22,9 +39,13 @@ def test_solution_full_marks_student_version_zero(lab, tmp_path):
     submissions.mkdir()
     shutil.copy(grading.lab_notebook(ROOT / "solutions", lab), submissions / "solution.ipynb")
     shutil.copy(grading.lab_notebook(ROOT / "labs", lab), submissions / "student.ipynb")
+    if lab == "10":
+        _forger(lab, submissions / "forger.ipynb")
     grading.grade(lab, submissions, tmp_path / "out", jobs=2)
     with open(tmp_path / "out" / "grades.csv") as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
     assert rows["solution"]["total"] == rows["solution"]["max"], rows["solution"]
     assert rows["solution"]["status"] == "ok"
     assert rows["student"]["total"] == "0", rows["student"]
+    if lab == "10":
+        assert rows["forger"]["10.3"] == "0" and rows["forger"]["10.1"] == rows["solution"]["10.1"], rows["forger"]

@@ -151,6 +151,7 @@ def test_probes_run_on_the_solution():
 
     setup, probes = load("06")
     ns = solution_namespace()
+    ns["_PROBE_SEED"] = 12345  # the grader's run_probes sets it: the question's secret seed
     exec(setup, ns)
     for probe in probes:
         if probe.question != "6.4":

@@ -6,8 +6,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Written after a successful install; reinstall only when the dependency list changes.
 STAMP := $(VENV)/.installed
-# Extra JupyterLab options, e.g. make lab JUPYTER_ARGS="--no-browser --port 8890 --ip 0.0.0.0"
+# Extra JupyterLab options, e.g. make lab JUPYTER_ARGS="--port 8890 --ip 0.0.0.0". --allow-root (as root) and
+# --no-browser (Linux without a display) are added by scripts/lab_args.py.
 JUPYTER_ARGS ?=
+# Where torch comes from: empty = chosen for the machine by scripts/pip_install_args.py (Linux without an NVIDIA
+# GPU: PyTorch's CPU index); a URL = that index (e.g. https://download.pytorch.org/whl/cu126); default = PyPI.
+TORCH_INDEX ?=
 # Extra pytest options, e.g. make test PYTEST_ARGS="-x -k launch"
 PYTEST_ARGS ?=
 # pytest workers for make test (pytest-xdist); TEST_WORKERS=0 runs everything in one process.
@@ -34,18 +38,24 @@ help:
 	@echo "make bench  time the launcher (vs spawn, fork) and lab 04's bucketed DDP (vs torch DDP)"
 	@echo "make bench-grading   time grading a class of 20 (lab 03)"
 	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]: grade a class"
-	@echo "make setup  create .venv and install the course into it (idempotent)"
+	@echo "make setup  create .venv and install the course into it (idempotent) [TORCH_INDEX=url|default]"
 	@echo "make clean  remove .venv and test artifacts"
 
 setup: $(STAMP)
 
+# torch first, alone (--no-deps), with the index chosen for the machine; then the course, whose torch pin is
+# already satisfied, so the CPU index is asked about torch only.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	args=$$(TORCH_INDEX="$(TORCH_INDEX)" $(PY) scripts/pip_install_args.py) && \
+		$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $$args
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
+# exec: JupyterLab replaces the shell, so Ctrl-C and a kill by PID reach the server itself.
 lab: setup
-	$(VENV)/bin/jupyter lab chapters/00_first_distributed_program.ipynb $(JUPYTER_ARGS)
+	args=$$($(PY) scripts/lab_args.py) && \
+		exec $(VENV)/bin/jupyter lab chapters/00_first_distributed_program.ipynb $$args $(JUPYTER_ARGS)
 
 # Two pytest workers: most of a test's time is kernels and ranks starting or waiting, so two at once fill
 # the 2 cores better than one. loadscope keeps a test file (and a notebook's cells, which share one kernel)

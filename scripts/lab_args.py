@@ -1,12 +1,11 @@
 """Print the JupyterLab options `make lab` needs on this machine, and say why on stderr.
 
-| machine                                             | option          | why                                   |
-|-----------------------------------------------------|-----------------|---------------------------------------|
-| running as root (containers, cloud notebooks)       | --allow-root    | jupyter refuses to start as root      |
-|                                                     |                 | without it ("Running as root is not   |
-|                                                     |                 | recommended. Use --allow-root ...")   |
-| Linux with neither DISPLAY nor WAYLAND_DISPLAY set  | --no-browser    | no browser can open; the server       |
-|   (a headless server, ssh, a container)             |                 | prints the URL with its token instead |
+| machine                                          | option       | why                                     |
+|--------------------------------------------------|--------------|-----------------------------------------|
+| running as root (containers, cloud notebooks)    | --allow-root | jupyter refuses to start as root        |
+|                                                  |              | without it                              |
+| Linux with neither DISPLAY nor WAYLAND_DISPLAY   | --no-browser | no browser can open there; JupyterLab   |
+|   (a headless server, ssh, a container)          |              | prints its URL with the token instead   |
 
 Standard library only, like scripts/pip_install_args.py.
 """
@@ -30,7 +29,8 @@ def main():
     args = lab_args(euid, sys.platform, os.environ)
     if "--no-browser" in args:
         print("No display here: open the http://127.0.0.1:...?token=... URL JupyterLab prints below "
-              "(over ssh: ssh -L 8888:127.0.0.1:8888 this-host, then that URL on your machine).", file=sys.stderr)
+              "(over ssh: ssh -L 8888:127.0.0.1:8888 this-host, then that URL on your machine).",
+              file=sys.stderr)
     print(" ".join(args))
 
 

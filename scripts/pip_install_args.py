@@ -1,6 +1,7 @@
 """Print the pip arguments that install the right torch build for this machine (used by `make setup`).
 
-    python scripts/pip_install_args.py   ->   torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+    $ python scripts/pip_install_args.py
+    torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
 
 | machine                                          | torch from                                      |
 |--------------------------------------------------|-------------------------------------------------|

@@ -5,24 +5,26 @@ submission was made. `gradebook_rows(totals, fmt, assignment)` turns a class int
 `write_gradebook(path, ...)` writes them (UTF-8, comma-separated, a header row). The columns follow each
 LMS's documented import format:
 
-| fmt        | columns                                                         | the LMS matches students by    |
-|------------|-----------------------------------------------------------------|--------------------------------|
-| canvas     | Student, ID, SIS User ID, SIS Login ID, Section, <assignment>   | SIS User ID (the student id)   |
-| gradescope | Name, SID, Email, Total Score, Max Points, Status,              | Email when the id is one,      |
-|            |   Submission Time, Lateness (H:M:S)                             |   else SID                     |
-| moodle     | ID number, Email address, <assignment>                          | "ID number" -> useridnumber or |
-|            |                                                                 |   "Email address" -> useremail |
-| csv        | student, points, max, percent, status, submitted                | (plain, for anything else)     |
+| fmt        | columns                                                       | the LMS matches students by |
+|------------|---------------------------------------------------------------|-----------------------------|
+| canvas     | Student, ID, SIS User ID, SIS Login ID, Section, <assignment> | SIS User ID (the id)        |
+| gradescope | Name, SID, Email, Total Score, Max Points, Status,            | Email when the id is one,   |
+|            |   Submission Time, Lateness (H:M:S)                           |   else SID                  |
+| moodle     | ID number, Email address, <assignment>                        | ID number -> useridnumber,  |
+|            |                                                               |   Email address -> useremail|
+| csv        | student, points, max, percent, status, submitted, late_days,  | (plain, for anything else)  |
+|            |   penalty                                                     |                             |
 
 Sources, read for these columns:
 - Canvas: the Gradebook import needs the student columns Student Name, Student ID or SIS User ID (one of
   them identifies the student), SIS Login ID and Section, then one column per assignment; a column whose name
   matches no assignment creates one, an existing one is named "Name (assignment id)" as in Canvas's export:
-  https://teaching.resources.osu.edu/toolsets/carmencanvas/guides/calculating-final-grades/import-csv-file-carmen-grades
+  https://teaching.resources.osu.edu/toolsets/carmencanvas/guides/calculating-final-grades/
+  import-csv-file-carmen-grades
   (Canvas's own guide: "How do I import grades in the Gradebook?", community.canvaslms.com Instructor Guide).
 - Gradescope: students are identified by Email (required in a roster) or SID:
-  https://help.gradescope.com/article/w59nl02vyt-instructor-course-add-members ; the score columns are those of
-  Gradescope's own assignment export (SID, score, "Max Points", "Submission Time", "Lateness (H:M:S)"), as
+  https://help.gradescope.com/article/w59nl02vyt-instructor-course-add-members
+  The score columns are those of Gradescope's own assignment export (SID, score, "Max Points", "Submission Time", "Lateness (H:M:S)"), as
   documented by a course that consumes it: https://github.com/cs161-staff/grades-py (README, "Gradescope
   Grades"). Gradescope's own page for uploading scores was not among the sources read: check one file first.
 - Moodle: "Grade import", CSV import maps a user column ("Email address" -> useremail, or "ID number" ->
@@ -103,8 +105,11 @@ def gradescope_rows(totals, assignment, deadline=None):
 
 def moodle_rows(totals, assignment, deadline=None):
     header = ["ID number", "Email address", assignment]
-    return [header] + [["" if "@" in t.student else t.student, t.student if "@" in t.student else "", score(t)]
-                       for t in totals]
+    rows = [header]
+    for t in totals:
+        email = t.student if "@" in t.student else ""
+        rows.append(["" if email else t.student, email, score(t)])
+    return rows
 
 
 def plain_rows(totals, assignment, deadline=None):

@@ -63,7 +63,7 @@ def test_export_matches_golden_file(fmt, tmp_path):
     documented = DOCUMENTED_HEADER[fmt]
     assert header[:len(documented)] == documented, f"{fmt} header {header}, documented {documented}"
     if fmt in ("canvas", "moodle"):
-        assert header[len(documented):] == [assignment], "one column per grade item, named as the LMS names it"
+        assert header[len(documented):] == [assignment], "one column per grade item, named as in the LMS"
 
 
 def test_grader_error_is_left_blank_and_missing_is_zero():

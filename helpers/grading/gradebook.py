@@ -26,7 +26,8 @@ Sources, read for these columns:
   https://help.gradescope.com/article/w59nl02vyt-instructor-course-add-members
   The score columns are those of Gradescope's own assignment export (SID, score, "Max Points",
   "Submission Time", "Lateness (H:M:S)"), as documented by a course that consumes it:
-  https://github.com/cs161-staff/grades-py (README, "Gradescope Grades"). Gradescope's own page for uploading scores was not among the sources read: check one file first.
+  https://github.com/cs161-staff/grades-py (README, "Gradescope Grades"). Gradescope's own page for
+  uploading scores was not among the sources read: upload one file first and check it.
 - Moodle: "Grade import", CSV import maps a user column ("Email address" -> useremail, or "ID number" ->
   useridnumber) and one column per grade item, chosen in the import preview:
   https://docs.moodle.org/311/en/Grade_import

@@ -52,9 +52,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
-# exec: JupyterLab replaces the shell, so Ctrl-C and a kill by PID reach the server itself.
+# set -x shows the command with the options chosen for this machine; exec: JupyterLab replaces the shell, so
+# Ctrl-C and a kill by PID reach the server itself.
 lab: setup
-	args=$$($(PY) scripts/lab_args.py) && \
+	@args=$$($(PY) scripts/lab_args.py) && set -x && \
 		exec $(VENV)/bin/jupyter lab chapters/00_first_distributed_program.ipynb $$args $(JUPYTER_ARGS)
 
 # Two pytest workers: most of a test's time is kernels and ranks starting or waiting, so two at once fill

@@ -1,0 +1,100 @@
+"""`make lab` the way a new user runs it, on a headless machine (and as root where the tests run as root).
+
+It must start JupyterLab (adding --allow-root as root, --no-browser without a display), print the URL to open,
+and serve chapter 00 over HTTP. The server is found in `jupyter server list --json` and stopped by its PID.
+"""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CHAPTER = "chapters/00_first_distributed_program.ipynb"
+TOKEN = "make-lab-test-token"
+START_TIMEOUT_S = 90  # JupyterLab on 2 loaded cores starts in ~5-15 s
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def headless_env(runtime_dir):
+    dropped = ("DISPLAY", "WAYLAND_DISPLAY", "MAKEFLAGS", "MFLAGS")  # no display; not a sub-make of make test
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env["JUPYTER_RUNTIME_DIR"] = str(runtime_dir)  # our own server list, not the user's
+    return env
+
+
+def running_servers(env):
+    out = subprocess.run([str(ROOT / ".venv/bin/jupyter"), "server", "list", "--json"], env=env,
+                         capture_output=True, text=True, timeout=60).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip().startswith("{")]
+
+
+def get(url):
+    request = urllib.request.Request(url, headers={"Authorization": f"token {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, response.read()
+
+
+def wait_for_server(port, env, make, log):
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if make.poll() is not None:
+            pytest.fail(f"make lab exited ({make.returncode}) before serving; it printed:\n{log.read_text()}")
+        servers = [s for s in running_servers(env) if s.get("port") == port]
+        if servers:
+            return servers[0]
+        time.sleep(1)
+    pytest.fail(f"no server on port {port} after {START_TIMEOUT_S} s; make lab printed:\n{log.read_text()}")
+
+
+def stop(pid, make):
+    """SIGTERM the server by its PID; SIGKILL the whole make group only if it does not exit."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        make.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(make.pid, signal.SIGKILL)
+        make.wait(timeout=10)
+
+
+def test_make_lab_serves_chapter_00(tmp_path):
+    port = free_port()
+    env = headless_env(tmp_path / "runtime")
+    log = tmp_path / "make_lab.log"
+    args = f"--port {port} --ip 127.0.0.1 --ServerApp.token={TOKEN} --ServerApp.port_retries=0"
+    with open(log, "w") as out:
+        make = subprocess.Popen(["make", "--no-print-directory", "lab", f"JUPYTER_ARGS={args}"], cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    pid = None
+    try:
+        server = wait_for_server(port, env, make, log)
+        pid = server["pid"]
+        # `jupyter lab FILE` serves FILE's folder; the path is relative to the server's root_dir.
+        path = (ROOT / CHAPTER).relative_to(pathlib.Path(server["root_dir"]).resolve()).as_posix()
+        status, body = get(f"http://127.0.0.1:{port}/api/contents/{path}?content=1")
+        assert status == 200
+        notebook = json.loads(body)
+        assert notebook["type"] == "notebook" and notebook["content"]["cells"], "chapter 00 served empty"
+        status, page = get(f"http://127.0.0.1:{port}/lab/tree/{path}")
+        assert status == 200 and b"JupyterLab" in page
+    finally:
+        stop(pid, make) if pid else (os.killpg(make.pid, signal.SIGKILL), make.wait(timeout=10))
+    printed = log.read_text()
+    command = next((ln for ln in printed.splitlines() if ln.startswith("+") and "jupyter lab" in ln), "")
+    assert "--no-browser" in command, f"no display: make lab must pass --no-browser; it printed:\n{printed}"
+    if os.geteuid() == 0:  # the server ran as root, so jupyter accepted it; this is why
+        assert "--allow-root" in command, f"as root make lab must pass --allow-root; it printed:\n{printed}"
+    assert f"http://127.0.0.1:{port}/lab" in printed, f"the URL to open is not printed:\n{printed}"
+    assert pid not in [s.get("pid") for s in running_servers(env)], "the server outlived its SIGTERM"

@@ -6,8 +6,9 @@ from multiprocessing.connection import wait as wait_any
 import cloudpickle
 
 from helpers.errors import CollectiveHang, RankFailed
-from helpers.hang import describe_rank, hang_hint
+from helpers.hang import DEADLOCK_HINT, certain_deadlock, deadlock_summary, describe_rank, hang_hint
 from helpers.rank_output import RankOutput
+from helpers.run_status import RunStatus
 from helpers.traceback_text import format_rank_error, is_secondary_error
 from helpers.worker import main as worker_main
 
@@ -16,6 +17,10 @@ from helpers.worker import main as worker_main
 _GRACE_S = 0.2
 # How long ranks get to answer a report request when one rank is stuck (seconds).
 _REPORT_S = 2.0
+# How often to ask the running ranks where they are (seconds): often once a rank has returned, since a peer
+# blocked in a collective that rank will never join is a certain deadlock; seldom for the progress line.
+_ASK_AFTER_RETURN_S = 0.2
+_ASK_FOR_PROGRESS_S = 1.0
 
 
 class Run:
@@ -26,7 +31,10 @@ class Run:
         self.spec = spec
         self.conns, self.procs = [], []
         self.results, self.final_seq = {}, {}
+        self.reports = {}  # rank -> its latest answer to ("report",)
+        self.started, self.asked = time.monotonic(), 0.0
         self.output = RankOutput(sys.stdout, sys.stderr)
+        self.status = RunStatus(world_size)
         for rank in range(world_size):
             parent, child = context.Pipe(duplex=True)
             proc = context.Process(target=worker_main, args=(rank, world_size, spec, child),
@@ -62,14 +70,35 @@ class Run:
                     live.discard(rank)
                 elif kind == "stuck" and stuck is None:
                     stuck = message[1]
+                elif kind == "report":
+                    self.reports[rank] = message[1]
             if (failures or stuck) and deadline is None:
                 deadline = time.monotonic() + (_GRACE_S if failures else 0.0)
+            if deadline is None and live:
+                blocked = certain_deadlock([self.reports[r] for r in live if r in self.reports], self.final_seq)
+                if blocked:
+                    self.output.flush()
+                    raise self._deadlock(blocked)
+                self._ask_where(live)
         self.output.flush()
         if failures:
             raise self._rank_failed(failures)
         if stuck is not None:
             raise self._hang(stuck)
         return [self.results[r] for r in range(self.world_size)]
+
+    def _ask_where(self, live):
+        """Ask the running ranks for a report now and then; show the progress line from their answers."""
+        now = time.monotonic()
+        period = _ASK_AFTER_RETURN_S if self.results else _ASK_FOR_PROGRESS_S
+        if now - self.asked >= period and (self.results or now - self.started >= self.status.after_s):
+            self.asked = now
+            for rank in live:
+                try:
+                    self.conns[rank].send(("report",))
+                except (OSError, ValueError):
+                    pass  # the process is gone: its sentinel says so on the next turn
+        self.status.show(now - self.started, self.reports, self.final_seq, live)
 
     def _next_messages(self, live, timeout):
         """Messages ready now, as (rank, message); a dead process becomes a "died" message."""
@@ -114,6 +143,19 @@ class Run:
         info = message[1]
         return RankFailed(format_rank_error(rank, info), rank=rank, exc_type=info["type"])
 
+    def _deadlock(self, blocked):
+        """A CollectiveHang raised at once: a rank returned, and its peers wait in a collective it never joins."""
+        reports = {r["rank"]: r for r in blocked}
+        for rank, seq in self.final_seq.items():
+            reports[rank] = {"rank": rank, "phase": "finished", "seq": seq}
+        for rank in range(self.world_size):
+            if rank not in reports:  # a fresh answer: where it is now, for the whole picture
+                reports[rank] = self._ask_report(rank)
+        blocked = certain_deadlock(list(reports.values()), self.final_seq) or blocked
+        lines = [describe_rank(reports[r]) for r in sorted(reports)]
+        message = (deadlock_summary(self.final_seq, blocked) + "\n  " + "\n  ".join(lines) + "\n" + DEADLOCK_HINT)
+        return CollectiveHang(message, reports=[reports[r] for r in sorted(reports)])
+
     def _hang(self, first):
         reports = {first["rank"]: first}
         for rank in range(self.world_size):
@@ -138,6 +180,8 @@ class Run:
                     return message[1]
                 if message[0] == "out":
                     self.output.write(rank, message[1], message[2])
+                if message[0] == "result":  # it finished after all: its count is final
+                    return {"rank": rank, "phase": "finished", "seq": message[2]}
         except (EOFError, OSError):
             pass
         return {"rank": rank, "phase": "gone"}
@@ -156,6 +200,7 @@ class Run:
         for conn in self.conns:
             conn.close()
         self.output.flush()
+        self.status.clear()
 
 
 def _stop(procs, grace):

@@ -149,7 +149,7 @@ def test_mismatched_collective_is_a_hang():
     message = str(info.value)
     assert "rank 0: blocked in all_reduce #1" in message
     assert "rank 1: blocked in broadcast #1" in message
-    assert "dist.broadcast(t, src=0)" in message and "test_launch.py line" in message
+    assert "dist.broadcast(t, src=0)" in message and "test_launch.py, line" in message
     assert [r["rank"] for r in info.value.reports] == [0, 1]
 
 
@@ -159,6 +159,48 @@ def test_skipped_barrier_is_a_hang():
     message = str(info.value)
     assert "rank 0: blocked in barrier #2" in message and "rank 2: blocked in barrier #2" in message
     assert "rank 1: finished its function after 1 collective(s)" in message
+
+
+def returns_after_one_all_reduce(stamp_dir):
+    """Rank 1 returns after one all-reduce; ranks 0 and 2 go on to a second one, which it never joins."""
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() != 1:
+        dist.all_reduce(torch.ones(1))
+    else:
+        with open(os.path.join(stamp_dir, "returned_at"), "w") as f:
+            f.write(repr(time.time()))  # wall clock: comparable across processes
+
+
+def test_rank_that_returns_while_others_wait_is_reported_at_once(tmp_path):
+    with pytest.raises(CollectiveHang) as info:
+        launch(returns_after_one_all_reduce, 3, args=(str(tmp_path),), hang_timeout=30)
+    delay = time.time() - float((tmp_path / "returned_at").read_text())
+    assert delay < 1.0, f"the deadlock was reported {delay:.2f} s after rank 1 returned; expected under 1 s"
+    message = str(info.value)
+    assert message.startswith("deadlock: rank 1 returned from its function after 1 collective(s), while ranks 0 "
+                              "and 2 wait in all_reduce #2, which rank 1 will never join."), message
+    assert "rank 0: blocked in all_reduce #2, called at test_launch.py, line" in message
+    assert "rank 1: finished its function after 1 collective(s)" in message
+    assert "no progress for" not in message
+
+
+def subgroup_after_a_rank_returned():
+    """Ranks 0 and 2 keep working in a group of their own, and in send/recv, after rank 1 returned."""
+    pair = dist.new_group([0, 2])
+    if dist.get_rank() == 1:
+        return "done"
+    time.sleep(0.5)  # rank 1 has returned by now
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pair)
+    if dist.get_rank() == 0:
+        dist.send(t, dst=2)
+    else:
+        dist.recv(t, src=0)
+    return t.item()
+
+
+def test_collectives_without_the_returned_rank_are_not_a_deadlock():
+    assert launch(subgroup_after_a_rank_returned, 3, hang_timeout=30) == [2.0, "done", 2.0]
 
 
 def group_timeout():

@@ -1,6 +1,6 @@
 """A small GPT, nanoGPT-style (karpathy/nanoGPT's model.py, trimmed): char-level, no dropout.
 
-Follows https://github.com/karpathy/nanoGPT (model.py), MIT License, Copyright (c) 2022 Andrej Karpathy; see NOTICE.
+Follows https://github.com/karpathy/nanoGPT (model.py; MIT License, (c) 2022 Andrej Karpathy); see NOTICE.
 
 Shapes: B = batch, T = time (block_size), C = n_embd, V = vocab_size, H = n_head.
 Dropout is left out on purpose: its random masks would differ between the four implementations the

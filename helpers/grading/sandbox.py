@@ -126,7 +126,7 @@ def bwrap_argv(workdir, readonly_dirs, hidden_dirs):
     # Later mounts cover earlier ones: hide what lies inside a read-only directory, then give the kernel its own.
     for path in hidden_dirs:
         if os.path.isdir(path) and _under(path, readonly) and not _under(workdir, [path]):
-            argv += ["--tmpfs", path]
+            argv += ["--tmpfs", path, "--remount-ro", path]  # empty, and nothing can be left there either
     for path in _SECRET_FILES:
         if os.path.exists(path):
             argv += ["--ro-bind", "/dev/null", path]

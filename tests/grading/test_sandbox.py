@@ -23,6 +23,11 @@ except OSError:
     print("network no")
 print("hidden", os.listdir(os.environ["HIDDEN"]))
 try:
+    open(os.path.join(os.environ["HIDDEN"], "x"), "w")
+    print("hidden write yes")
+except OSError:
+    print("hidden write no")
+try:
     open(os.path.join(os.environ["READONLY"], "x"), "w")
     print("write yes")
 except OSError:
@@ -53,7 +58,7 @@ def _run(tmp_path, prefix=()):
 
 def test_fences_hold(tmp_path):
     done = _run(tmp_path)
-    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "write no", ""], done.stdout + done.stderr
+    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "hidden write no", "write no", ""], done.stdout + done.stderr
     assert done.stdout.startswith("pid 2 "), "the kernel must be in its own PID namespace"
 
 
@@ -61,5 +66,5 @@ def test_fences_hold(tmp_path):
 def test_fences_hold_for_a_user_who_is_not_root(tmp_path):
     # bwrap then makes an unprivileged user namespace itself; /usr/bin/python3, as nobody cannot run ours.
     done = _run(tmp_path, prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"))
-    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "write no", ""], done.stdout + done.stderr
+    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "hidden write no", "write no", ""], done.stdout + done.stderr
     assert done.stdout.startswith("pid 2 uid 65534"), done.stdout + done.stderr

@@ -15,6 +15,7 @@ import multiprocessing.util
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 
@@ -22,6 +23,7 @@ import cloudpickle
 import torch.distributed as dist
 
 from helpers.backend import gpu_count, select_backend
+from helpers.errors import LaunchError
 from helpers.run import Run
 
 # Above this, a CPU machine would thrash; raise it deliberately on a big GPU box.
@@ -81,6 +83,7 @@ def _short_socket_dir():
 
 def warm_up():
     """Start the forkserver (if it is not running), so that launches do not pay for importing torch."""
+    require_forkserver()
     runtime()
     _short_socket_dir()
     if threading.current_thread() is not threading.main_thread():
@@ -93,6 +96,16 @@ def warm_up():
         multiprocessing.forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def require_forkserver():
+    """Fail in one line where the forkserver start method does not exist (Windows has only spawn)."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        return
+    where = "Windows" if sys.platform == "win32" else sys.platform
+    raise LaunchError(f"helpers.launch needs multiprocessing's 'forkserver' start method, which {where} does not "
+                      f"have (only {multiprocessing.get_all_start_methods()}): run the course in WSL2 (Ubuntu on "
+                      "Windows, https://learn.microsoft.com/windows/wsl/install) or on Linux or macOS")
 
 
 def check_arguments(fn, world_size, hang_timeout):
@@ -127,6 +140,7 @@ def pickle_call(fn, args, kwargs):
 
 def launch(fn, world_size, *, args=(), kwargs=None, backend="auto", hang_timeout=30.0):
     """Run fn(*args, **kwargs) on world_size ranks; return the results indexed by rank."""
+    require_forkserver()
     check_arguments(fn, world_size, hang_timeout)
     backend = select_backend(backend, world_size, gpu_count())
     call = pickle_call(fn, args, kwargs or {})

@@ -3,16 +3,23 @@
 The cell's code travels as source; the notebook variables it names travel by value (cloudpickle).
 Each rank runs it in a fresh namespace, so assignments on a rank do not come back unless
 `--collect NAME` asks for them (a list indexed by rank, stored in the notebook under NAME).
+Reports count lines as the cell shows them, the `%%ranks` line included, and name the cell `In [n]`.
+A launch that fails shows its report alone, without the launcher's frames; `%tb` shows them.
 """
 import argparse
 import ast
 import linecache
+import os
 import shlex
+import sys
 import types
 
 import cloudpickle
 
+from helpers.errors import LaunchError
+from helpers.hang import name_cell
 from helpers.launch import launch, warm_up
+from helpers.traceback_text import wrap_report
 
 _cells = 0
 
@@ -35,13 +42,18 @@ def parse_line(line):
     return options
 
 
-def register_source(source):
-    """Give the cell a file name the kernel's line cache knows, so tracebacks show its lines."""
+def register_source(line, source, label=None):
+    """Give the cell a file name the kernel's line cache knows, so tracebacks show its lines.
+
+    The cache holds the cell as the notebook shows it, `%%ranks` line first; label ('In [7]') names it in reports.
+    """
     global _cells
     _cells += 1
     filename = f"<ranks cell {_cells}>"
-    lines = source.splitlines(keepends=True)
-    linecache.cache[filename] = (len(source), None, lines, filename)
+    lines = [f"%%ranks {line}\n"] + source.splitlines(keepends=True)
+    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    if label:
+        name_cell(filename, label)
     return filename
 
 
@@ -90,10 +102,11 @@ def run_cell(source, filename, shipped, unsendable, collect):
     return {name: namespace[name] for name in collect}
 
 
-def ranks(line, cell, user_ns):
-    """The body of the %%ranks magic, separate from IPython for testing."""
+def ranks(line, cell, user_ns, label=None):
+    """The body of the %%ranks magic, separate from IPython for testing; label names the cell ('In [7]')."""
     options = parse_line(line)
-    filename = register_source(cell)
+    filename = register_source(line, cell, label)
+    cell = "\n" + cell  # the %%ranks line is line 1: the code starts on line 2, as on screen
     code = compile(cell, filename, "exec")  # a syntax error shows here, once, not on every rank
     shipped, unsendable = shippable_globals(code, user_ns)
     results = launch(run_cell, options.world_size, args=(cell, filename, shipped, unsendable, options.collect),
@@ -102,12 +115,49 @@ def ranks(line, cell, user_ns):
         user_ns[name] = [r[name] for r in results]
 
 
+_HELPERS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _in_launch(tb):
+    """Whether a traceback passes through the launcher (an interrupt that stopped ranks, not other code)."""
+    while tb is not None:
+        if os.path.dirname(os.path.abspath(tb.tb_frame.f_code.co_filename)) == _HELPERS_DIR:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def report_lines(etype, value):
+    """What a failed launch shows in the cell: the report, wrapped on words, and how to see the rest."""
+    if issubclass(etype, KeyboardInterrupt):
+        text = "KeyboardInterrupt: interrupted while the ranks were running; every rank was stopped."
+    else:
+        text = f"{etype.__name__}: {value}"
+    return (wrap_report(text) + "\n(%tb shows the full traceback, the launcher's frames included)").splitlines()
+
+
+def show_launch_error(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler for launch errors: the report without the helpers' frames, as IPython hides its own."""
+    if not (issubclass(etype, LaunchError) or _in_launch(tb)):
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+        return None
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb  # what %tb prints
+    if sys.version_info >= (3, 12):
+        sys.last_exc = value
+    shell._showtraceback(etype, value, report_lines(etype, value))
+    return None
+
+
 def register(ipython):
     """Register %%ranks with IPython and start the forkserver in the background of the kernel."""
 
     def ranks_magic(line, cell):
         """%%ranks N [--backend auto|gloo|nccl] [--hang-timeout S] [--collect a,b]: run the cell on N ranks."""
-        ranks(line, cell, ipython.user_ns)
+        # IPython counts the cell before running it: the cell on screen is In [execution_count - 1].
+        ranks(line, cell, ipython.user_ns, label=f"In [{ipython.execution_count - 1}]")
 
     ipython.register_magic_function(ranks_magic, magic_kind="cell", magic_name="ranks")
+    # One handler per shell: leave another extension's alone rather than replace it.
+    if ipython.custom_exceptions in ((), (LaunchError, KeyboardInterrupt)):
+        ipython.set_custom_exc((LaunchError, KeyboardInterrupt), show_launch_error)
     warm_up()

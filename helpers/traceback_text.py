@@ -1,5 +1,10 @@
 """A rank's exception as the learner wants to read it: their own lines, with source."""
+import textwrap
+
 from helpers.hang import describe_file, is_user_file, source_line
+
+# JupyterLab breaks a long output line anywhere, mid-word included; reports keep their lines this short.
+REPORT_WIDTH = 88
 
 # Messages a rank gets when a peer crashed: symptoms, not causes.
 _SECONDARY = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
@@ -25,3 +30,13 @@ def format_rank_error(rank, info):
             lines.append(f"    {line}")
     lines.append("The other ranks were stopped. Fix the error above and run the cell again.")
     return "\n".join(lines)
+
+
+def wrap_report(text, width=REPORT_WIDTH):
+    """Each line of text wrapped on words; a continuation is indented 4 more than its line's own indent."""
+    out = []
+    for line in text.splitlines():
+        indent = line[:len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line, width, subsequent_indent=indent + "    ", break_long_words=False,
+                             break_on_hyphens=False) or [""]
+    return "\n".join(out)

@@ -76,8 +76,10 @@ def test_interrupt_hung_cell_then_next_cell_works(kernel):
     manager, client = kernel
     execute(client, "%load_ext helpers")
     kernel_pid = manager.provisioner.process.pid
-    cell = ("%%ranks 2 --hang-timeout 60\nimport torch.distributed as dist, os\n"
-            "print('pid', os.getpid(), flush=True)\nif dist.get_rank() == 0:\n    dist.barrier()\n")
+    # Rank 1 sleeps rather than returns: a returned rank would make this a deadlock reported at once.
+    cell = ("%%ranks 2 --hang-timeout 60\nimport torch.distributed as dist, os, time\n"
+            "print('pid', os.getpid(), flush=True)\nif dist.get_rank() == 0:\n    dist.barrier()\n"
+            "time.sleep(60)\n")
     msg_id = client.execute(cell)
     workers, seen = [], []
     deadline = time.monotonic() + 30
@@ -98,6 +100,9 @@ def test_interrupt_hung_cell_then_next_cell_works(kernel):
     assert reply["parent_header"]["msg_id"] == msg_id, reply
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", (
         reply["content"], seen, drain_iopub(client, msg_id))
+    # The interrupt's report, without the launcher's frames.
+    assert reply["content"]["traceback"][0].startswith("KeyboardInterrupt: interrupted while the ranks"), reply
+    assert "helpers/" not in "\n".join(reply["content"]["traceback"]), reply["content"]["traceback"]
     while set(workers) & set(descendants(kernel_pid)) and time.monotonic() - interrupted < 2.0:
         time.sleep(0.05)
     assert not set(workers) & set(descendants(kernel_pid)), "workers survived the interrupt"
@@ -123,5 +128,43 @@ def test_hang_report_names_the_notebook_cell(kernel):
     status, out, err, error = execute(client, cell)
     assert status == "ok", (error, out, err)
     assert "rank 0: blocked in barrier #1, called at In [" in out
-    assert "line 5 in only_rank_zero_waits: dist.barrier()" in out
+    assert "line 5, in only_rank_zero_waits: dist.barrier()" in out
+
+
+def execute_for_error(client, code, timeout=60.0):
+    """Run code; return (execution count, the error's traceback text, what it wrote to stdout)."""
+    msg_id = client.execute(code)
+    traceback, stdout = None, []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "error":
+            traceback = "\n".join(msg["content"]["traceback"])
+        elif msg["msg_type"] == "stream":
+            stdout.append(msg["content"]["text"])
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = client.get_shell_msg(timeout=10)
+    return reply["content"]["execution_count"], traceback, "".join(stdout)
+
+
+def test_ranks_hang_shows_the_report_in_the_cells_own_terms(kernel):
+    _, client = kernel
+    execute(client, "%load_ext helpers")
+    # Line 5 as the cell shows it (the %%ranks line is line 1); rank 1 returns, so this is a deadlock at once.
+    cell = ("%%ranks 2 --hang-timeout 30\nimport torch.distributed as dist\n\nif dist.get_rank() == 0:\n"
+            "    dist.barrier()\n")
+    start = time.monotonic()
+    count, traceback, _ = execute_for_error(client, cell)
+    assert time.monotonic() - start < 10, "the deadlock waited for the timeout"
+    assert traceback is not None, "the cell did not fail"
+    assert traceback.startswith("CollectiveHang: deadlock: rank 1 returned"), traceback
+    assert f"rank 0: blocked in barrier #1, called at In [{count}], line 5" in traceback, traceback
+    assert "helpers/" not in traceback and "site-packages" not in traceback, traceback
+    assert max(len(line) for line in traceback.splitlines()) <= 88, traceback
+    # The full traceback on request: the launcher's frames are there.
+    _, full, out = execute_for_error(client, "%tb")
+    assert "helpers/run.py" in (full or "") + out, (full, out)
 

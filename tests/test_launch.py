@@ -399,3 +399,13 @@ def test_long_tmpdir_does_not_break_the_forkserver_socket(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["[0,", "1]", "True", "True"], done.stdout
+
+
+def test_windows_is_told_to_use_wsl2(monkeypatch):
+    # Python on Windows has only the spawn start method (multiprocessing docs, "Contexts and start methods").
+    monkeypatch.setattr("sys.platform", "win32")
+    monkeypatch.setattr("multiprocessing.get_all_start_methods", lambda: ["spawn"])
+    with pytest.raises(LaunchError) as info:
+        launch(rank_and_sum, 2, args=(0,))
+    message = str(info.value)
+    assert "\n" not in message and "'forkserver'" in message and "Windows" in message and "WSL2" in message

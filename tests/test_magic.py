@@ -2,7 +2,7 @@
 import pytest
 
 from helpers import CollectiveHang, RankFailed
-from helpers.magic import parse_line, ranks
+from helpers.magic import parse_line, ranks, report_lines
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,6 +47,22 @@ def test_error_in_cell_shows_cell_source():
     assert "<ranks cell" in str(info.value) and "1 / 0" in str(info.value)
 
 
+def test_locations_count_the_ranks_line_and_name_the_cell():
+    # On screen the cell is "%%ranks 2" then the code: `1 / 0` is on line 5 of In [7].
+    with pytest.raises(RankFailed) as info:
+        ranks("2", "import torch.distributed as dist\nx = 1\nif dist.get_rank() == 1:\n    1 / 0\n", {}, label="In [7]")
+    assert "In [7], line 5" in str(info.value) and "1 / 0" in str(info.value), str(info.value)
+
+
+def test_report_lines_are_short_and_say_how_to_get_the_traceback():
+    hang = CollectiveHang("deadlock: " + "word " * 40 + "\n  rank 0: blocked in barrier #1", reports=[])
+    lines = report_lines(CollectiveHang, hang)
+    assert lines[0].startswith("CollectiveHang: deadlock: word")
+    assert max(map(len, lines)) <= 88 and "%tb" in lines[-1], lines
+    assert all(not word.startswith("ord") for line in lines for word in line.split()), "a word was cut"
+    assert report_lines(KeyboardInterrupt, KeyboardInterrupt())[0].startswith("KeyboardInterrupt: interrupted")
+
+
 def test_unsendable_variable_is_explained():
     import threading
 
@@ -66,5 +82,5 @@ def test_syntax_error_raised_once_in_kernel():
 
 def test_hang_in_cell_reports_cell_line():
     cell = "import torch.distributed as dist\nif dist.get_rank() == 0:\n    dist.barrier()\n"
-    with pytest.raises(CollectiveHang, match=r"rank 0: blocked in barrier #1, called at <ranks cell \d+> line 3"):
+    with pytest.raises(CollectiveHang, match=r"rank 0: blocked in barrier #1, called at <ranks cell \d+>, line 4"):
         ranks("2 --hang-timeout 2", cell, {})

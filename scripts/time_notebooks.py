@@ -6,9 +6,11 @@ Each notebook runs with papermill in a fresh kernel, from its own folder, with i
 committed (the small CI sizes), exactly as tests/test_labs.py runs them; executed copies go to a temporary
 folder, the sources are not touched. A lab's time is its solution's: labs/NN is solutions/NN with the answers
 removed, so a finished lab runs the same cells. Also counted per notebook: markdown and code cells, and the
-words of markdown, from which INSTRUCTORS.md estimates reading and solving time.
+words of markdown, from which INSTRUCTORS.md estimates reading and solving time, and the machine's
+1-minute load average after each run (other work on the machine slows a run down).
 """
 import json
+import os
 import pathlib
 import re
 import sys
@@ -39,14 +41,20 @@ def run(path, out_dir):
 
 
 def main(paths):
-    print("| notebook | run (s) | markdown cells | code cells | markdown words |")
-    print("|---|---:|---:|---:|---:|")
+    print("| notebook | run (s) | markdown cells | code cells | markdown words | load after |")
+    print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="time-notebooks-") as out:
         for name in paths:
             path = (ROOT / name).resolve() if not pathlib.Path(name).is_absolute() else pathlib.Path(name)
-            seconds = run(path, pathlib.Path(out))
             md, code, words = cell_counts(path)
-            print(f"| {path.relative_to(ROOT)} | {seconds:.1f} | {md} | {code} | {words} |", flush=True)
+            try:
+                seconds = f"{run(path, pathlib.Path(out)):.1f}"
+            except Exception as error:  # noqa: BLE001 - one failed notebook must not stop the others
+                seconds = f"failed ({type(error).__name__})"
+                print(f"{path.name}: {error}", file=sys.stderr)
+            load = os.getloadavg()[0]
+            row = [path.relative_to(ROOT), seconds, md, code, words, f"{load:.1f}"]
+            print("| " + " | ".join(map(str, row)) + " |", flush=True)
 
 
 if __name__ == "__main__":

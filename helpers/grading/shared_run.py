@@ -1,12 +1,19 @@
 """One multi-rank run shared by every public check of a question, so a question launches its ranks once."""
 
 
+class RunFailed(AssertionError):
+    """The ranks' run of a check did not complete (a hang, a deadlock, a dead rank): the launcher's report.
+
+    check() prints it first and once, then names the checks that needed the run.
+    """
+
+
 class SharedRun:
     """shared(question, key, compute): compute() once per (question, key), its exception included.
 
     Only the latest key per question is kept: a student who edits an answer and reruns the check cell gets a new
-    key (the checks build it from the answer's code), hence a fresh run. Every check of the question then reports
-    the same failure when the run failed, each with its own name.
+    key (the checks build it from the answer's code), hence a fresh run. When the run failed, every check of the
+    question raises the same exception object, which check() prints once.
     """
 
     def __init__(self):
@@ -16,7 +23,7 @@ class SharedRun:
         if question not in self._last or self._last[question][0] != key:
             try:
                 outcome = (True, compute())
-            except Exception as exc:  # noqa: BLE001 - reported by every check of the question
+            except Exception as exc:  # noqa: BLE001 - reported once for every check of the question
                 outcome = (False, exc)
             self._last[question] = (key, outcome)
         ok, value = self._last[question][1]
@@ -25,8 +32,20 @@ class SharedRun:
         return value
 
 
-def launch_on_gloo(fn, world_size, args, hang_timeout, hint=""):
-    """Run fn on Gloo ranks for a check; a hang or a dead rank becomes a failure that says what to look at."""
+def run_failed(exc, hint="", what=""):
+    """RunFailed for a CollectiveHang or a dead rank: what was running, what to look at, the launcher's report.
+
+    The hint (what the student most likely did, and the fix) comes first: it is the line a student reads.
+    """
+    what = f"{what}: " if what else ""
+    failure = RunFailed(f"{what}the ranks did not finish together: {hint or 'see the report. '}"
+                        f"Launcher's report: {exc}")
+    failure.error = exc  # the CollectiveHang or RankFailed itself, for checks that diagnose from its reports
+    return failure
+
+
+def launch_on_gloo(fn, world_size, args, hang_timeout, hint="", what=""):
+    """Run fn on Gloo ranks for a check; a hang or a dead rank becomes a RunFailed that says what to look at."""
     from helpers.errors import (  # here, so that importing this module stays light
         CollectiveHang,
         RankFailed,
@@ -38,4 +57,4 @@ def launch_on_gloo(fn, world_size, args, hang_timeout, hint=""):
     except (CollectiveHang, RankFailed) as exc:
         if isinstance(exc, RankFailed) and exc.exitcode is None:
             raise  # an exception in the student's code: its own message is the best report
-        raise AssertionError(f"the ranks did not finish together. {hint}Launcher's report: {exc}") from None
+        raise run_failed(exc, hint, what) from None

@@ -4,6 +4,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from helpers.errors import CollectiveHang, RankFailed
+from helpers.grading.shared_run import run_failed
 from helpers.launch import launch
 
 TOL = 1e-5  # float32: gradients of order 0.1 summed in different orders agree far better than this
@@ -62,11 +63,11 @@ def run_on_ranks(fn, world_size, args=()):
     try:
         return launch(fn, world_size, args=args, backend="gloo", hang_timeout=HANG_TIMEOUT)
     except CollectiveHang as exc:
-        raise AssertionError(
-            f"the ranks hung (no progress for {HANG_TIMEOUT:.0f} s): some rank skipped or reordered a collective. "
-            f"Every rank must call the same collectives in the same order, also a rank with no data or with "
-            f"p.grad None. Launcher report:\n{exc}") from None
+        raise run_failed(exc, "some rank skipped or reordered a collective. Every rank must call the same collectives "
+                              "in the same order, also a rank with no data or with p.grad None. ") from None
     except RankFailed as exc:
         if exc.exc_type == "NotImplementedError":
             raise
+        if exc.exitcode is not None:
+            raise run_failed(exc) from None
         raise AssertionError(f"a rank raised: {exc}") from None

@@ -2,6 +2,7 @@
 import torch
 
 from helpers.errors import CollectiveHang
+from helpers.grading.shared_run import RunFailed
 from helpers.launch import launch
 
 HANG_TIMEOUT_S = 3.0
@@ -25,8 +26,8 @@ def _launch(fn, world_size, args, what):
     try:
         return launch(fn, world_size, args=args, hang_timeout=HANG_TIMEOUT_S)
     except CollectiveHang as exc:
-        raise AssertionError(
-            f"{what} hung at world size {world_size} (no progress for {HANG_TIMEOUT_S:g} s): a deadlock. "
+        raise RunFailed(
+            f"{what} hung at world size {world_size}: a deadlock. "
             f"Blocking send/recv that every rank issues in the same order wait for each other; post "
             f"dist.isend/dist.irecv and then wait() on both. The launcher's report:\n{exc}") from None
 

@@ -3,6 +3,7 @@ import torch
 import torch.nn as nn
 
 from helpers.errors import CollectiveHang, RankFailed
+from helpers.grading.shared_run import RunFailed
 from helpers.launch import launch
 
 TOL = 1e-5  # float32 parameters of size ~0.3 after 2-3 SGD steps; sums in another order differ by ~1e-7
@@ -37,8 +38,8 @@ def run_on_ranks(fn, world_size, args=()):
     try:
         return launch(fn, world_size, args=args, backend="gloo", hang_timeout=HANG_TIMEOUT)
     except CollectiveHang as exc:
-        raise AssertionError(
-            f"the ranks hung (no progress for {HANG_TIMEOUT:.0f} s): they did not issue the same collectives. Ranks "
+        raise RunFailed(
+            "the ranks hung: they did not issue the same collectives. Ranks "
             "may hold different numbers of micro-batches, so every rank must run exactly one synchronised backward "
             "per step: all micro-batches but the last inside no_sync() (forward and backward), the last outside it. "
             f"Launcher report:\n{exc}") from None

@@ -5,6 +5,7 @@ from torch import nn
 
 from helpers.errors import CollectiveHang, RankFailed
 from helpers.grading.registry import answer
+from helpers.grading.shared_run import run_failed
 from helpers.launch import launch
 
 WORLD_SIZE = 3  # 8.2 to 8.4; 8.1 also runs on 4 ranks, 8.5 on 2, 3 and 4
@@ -25,9 +26,8 @@ def _results(question, key, fn, world_sizes, *args):
             if isinstance(exc, RankFailed) and exc.exitcode is None:
                 outcome = False, exc  # an exception in the student's code: its own message is the best report
             else:
-                outcome = False, AssertionError(
-                    "the ranks did not finish together: every rank must issue the same collectives, with tensors of "
-                    f"the same sizes. Launcher's report: {exc}")
+                outcome = False, run_failed(exc, "Every rank must issue the same collectives, with tensors of the "
+                                                 "same sizes. ")
         except Exception as exc:  # noqa: BLE001 - every check of the question reports the same failure
             outcome = False, exc
         _memo[question] = (key, outcome)

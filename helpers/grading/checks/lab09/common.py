@@ -6,6 +6,7 @@ from torch import nn
 
 from helpers import theory
 from helpers.errors import CollectiveHang, RankFailed
+from helpers.grading.shared_run import RunFailed
 from helpers.launch import launch
 
 HANG_TIMEOUT_S = 20.0
@@ -86,8 +87,8 @@ def run_on_ranks(fn, world_size, args, what):
     try:
         return launch(fn, world_size, args=args, backend="gloo", hang_timeout=HANG_TIMEOUT_S)
     except CollectiveHang as exc:
-        raise AssertionError(f"{what} hung at world size {world_size} (no progress for {HANG_TIMEOUT_S:g} s): the "
-                             f"ranks did not issue the same collectives. Launcher report:\n{exc}") from None
+        raise RunFailed(f"{what} hung at world size {world_size}: the ranks did not issue the same collectives. "
+                        f"Launcher report:\n{exc}") from None
     except RankFailed as exc:
         if exc.exc_type == "NotImplementedError":
             raise

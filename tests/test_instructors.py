@@ -45,7 +45,7 @@ def test_answer_key_has_one_entry_per_exercise():
     missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
     assert not missing, f"{ANSWERS.name}: no answer for {missing}; add a '**key** ...' paragraph each"
     assert not extra, f"{ANSWERS.name}: answers for exercises no notebook has: {extra} (renumbered?)"
-    assert len(expected) >= 100, f"only {len(expected)} exercises found: is the '## Exercises' parsing broken?"
+    assert len(expected) >= 100, f"only {len(expected)} exercises found: is the parsing broken?"
 
 
 def test_answer_key_is_not_released_to_students():

@@ -110,7 +110,7 @@ WRONG_MULTI_RANK = {
             dist.all_reduce(flat)
             for p, total in zip(params, _unflatten_dense_tensors(flat, grads)):
                 p.grad = total.clone()
-        ''', {"gradients_become_the_mean_over_ranks": "is the SUM over the 3 ranks"}),
+        ''', {"gradients_become_the_mean_over_ranks": "are the SUM over the 3 ranks"}),
     "3.4 hook that averages parameters": ("3.4", '''
         def average_gradients(model):
             pass
@@ -139,7 +139,7 @@ WRONG_MULTI_RANK = {
 
         def shard_indices(num_samples, rank, world_size, *, shuffle, seed, epoch, drop_last):
             return _shard(num_samples, rank, world_size, shuffle=shuffle, seed=seed, epoch=0, drop_last=drop_last)
-        ''', {"equals_one_process_on_the_global_batch": "differ from one process",
+        ''', {"equals_one_process_on_the_global_batch": "the same order in every epoch",
               "returns_each_rank_local_losses": "are not the mean squared errors of its own batches"}),
 }
 

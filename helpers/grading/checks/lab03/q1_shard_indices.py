@@ -6,6 +6,42 @@ from helpers.grading.registry import answer, public_check
 
 # --- 3.1 shard_indices --------------------------------------------------------------------------
 
+def _shape(num_samples, world_size, drop_last, order):
+    """The order cut (drop_last) or padded by wrapping around, to a multiple of world_size: the sampler's rule."""
+    if drop_last:
+        return order[: num_samples // world_size * world_size]
+    total = -(-num_samples // world_size) * world_size
+    while len(order) < total:
+        order = order + order[: total - len(order)]
+    return order
+
+
+def _diagnose(got, num_samples, rank, world_size, shuffle, seed, epoch, drop_last):
+    """The mistake that gives `got`, and its fix; None if it is none of the usual ones."""
+    order = _sampler_indices(num_samples, 0, 1, shuffle, seed, epoch, False)  # the epoch's whole order
+    total = -(-num_samples // world_size) * world_size
+    if not drop_last and total > 2 * num_samples and got == (order + order[: total - num_samples])[rank::world_size]:
+        return ("with fewer samples than ranks, padding once is not enough: keep wrapping around the order from "
+                "its start until its length is a multiple of world_size")
+    if got == order[rank::world_size] and not drop_last:
+        return ("the padding is missing: with drop_last=False repeat the order from its start until every rank "
+                f"has ceil(num_samples / world_size) = {-(-num_samples // world_size)} indices")
+    if got == order[rank::world_size]:
+        return ("the cut is missing: with drop_last=True drop the tail of the order first, so every rank has "
+                f"floor(num_samples / world_size) = {num_samples // world_size} indices")
+    shaped = _shape(num_samples, world_size, drop_last, order)
+    per_rank = len(shaped) // world_size
+    if got == shaped[rank * per_rank:(rank + 1) * per_rank]:
+        return ("each rank took a contiguous block; DistributedSampler gives rank r every world_size-th index "
+                "of the padded or cut order: order[rank::world_size]")
+    if shuffle and epoch != 0:
+        first = _shape(num_samples, world_size, drop_last, _sampler_indices(num_samples, 0, 1, True, seed, 0, False))
+        if got == first[rank::world_size]:
+            return ("the same order in every epoch: seed the permutation's generator with seed + epoch, "
+                    "so that every epoch is shuffled anew")
+    return None
+
+
 def _compare_with_sampler(shard_indices, cases):
     """Assert shard_indices == DistributedSampler on every (num_samples, world_size, shuffle, seed, epoch, drop_last)."""
     for num_samples, world_size, shuffle, seed, epoch, drop_last in cases:
@@ -17,7 +53,10 @@ def _compare_with_sampler(shard_indices, cases):
             expected = _sampler_indices(num_samples, rank, world_size, shuffle, seed, epoch, drop_last)
             assert got is not None, f"{call} returned None: return the list of indices"
             got = [int(i) for i in got]
-            assert got == expected, f"{call} returned {got}; DistributedSampler gives {expected}"
+            if got != expected:
+                mistake = _diagnose(got, num_samples, rank, world_size, shuffle, seed, epoch, drop_last)
+                mistake = f"{mistake}. " if mistake else ""
+                raise AssertionError(f"{mistake}{call} returned {got}; DistributedSampler gives {expected}")
 
 
 @public_check("3.1")

@@ -16,8 +16,8 @@ def _bn_model():
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 2))
 
 
-def _broadcast_on_rank(broadcast_parameters, src):
-    """Runs on every rank: different parameters and buffers, the student's broadcast, what it left."""
+def _broadcast_once(broadcast_parameters, src):
+    """On this rank: different parameters and buffers, the student's broadcast, what it left."""
     rank = dist.get_rank()
     torch.manual_seed(rank)
     model = _bn_model()
@@ -40,13 +40,25 @@ def _broadcast_on_rank(broadcast_parameters, src):
     return before, after, same_objects, trainable, recorded
 
 
+def _broadcast_on_rank(broadcast_parameters):
+    """Runs on every rank: a broadcast from rank 1, then one with the default src; one run for every check."""
+    return {src: _broadcast_once(broadcast_parameters, src) for src in (1, None)}
+
+
 def _broadcast_results(ns, src):
     fn = answer(ns, "broadcast_parameters")
-    return _memoized(f"3.2/{src}", fn, lambda: _launch(_broadcast_on_rank, fn, src))
+    hint = ("every rank must call dist.broadcast for every tensor, with the same src: the source sends, the others "
+            "receive into their own tensors. ")
+    by_rank = _memoized("3.2", fn, lambda: _launch(_broadcast_on_rank, fn, hint=hint))
+    return [runs[src] for runs in by_rank]
 
 
 def _assert_copied_from(results, src, how):
     source = results[src][0]
+    # Every rank ended with rank 0's tensors: the broadcast ignored src.
+    if src != 0 and all(torch.equal(after[n], results[0][0][n]) for _, after, *_ in results for n in after):
+        raise AssertionError(f"{how}: every rank ended with rank 0's parameters and buffers, not rank {src}'s: pass "
+                             "src=src to dist.broadcast, not 0")
     for rank, (_, after, *_) in enumerate(results):
         for name, value in after.items():
             kind = "buffer" if name.split(".")[-1] in ("running_mean", "running_var", "num_batches_tracked") \

@@ -67,24 +67,63 @@ def _ddp_reference():
     return _launch(_ddp_on_rank, hang_timeout=60.0)[0]
 
 
-def _single_process_reference():
-    """One process, rank 0's initialisation, the global batch of every step; and each rank's local losses."""
+def _single_process_reference(epoch_fixed=False, drop_last=True, zero_grad=True):
+    """One process, rank 0's initialisation, the global batch of every step; and each rank's local losses.
+
+    The flags rebuild the usual mistakes (the same shuffle every epoch, padded shards, gradients never zeroed), so a
+    check can name the one that gives the student's parameters.
+    """
     model, (X, Y) = _model_3_4(100), _dataset_3_4()
     local_losses = [[] for _ in range(WORLD_SIZE)]
     for epoch in range(EPOCHS):
-        shards = [_sampler_indices(NUM_SAMPLES, r, WORLD_SIZE, True, SEED, epoch, True) for r in range(WORLD_SIZE)]
+        e = 0 if epoch_fixed else epoch
+        shards = [_sampler_indices(NUM_SAMPLES, r, WORLD_SIZE, True, SEED, e, drop_last) for r in range(WORLD_SIZE)]
         for start in range(0, len(shards[0]), BATCH):
             batches = [shard[start:start + BATCH] for shard in shards]
             with torch.no_grad():
                 for rank, idx in enumerate(batches):
                     local_losses[rank].append(nn.functional.mse_loss(model(X[idx]), Y[idx]).item())
-            model.zero_grad()
-            idx = [i for batch in batches for i in batch]
+            if zero_grad:
+                model.zero_grad()
+            idx = [i for batch in batches for i in batch]  # the ranks' batches are equal: the mean of their means
             nn.functional.mse_loss(model(X[idx]), Y[idx]).backward()
             with torch.no_grad():
                 for p in model.parameters():
                     p -= LR * p.grad
     return _flat(model), local_losses
+
+
+def _local_sgd_reference(rank):
+    """Rank's parameters when it steps with its own gradient (average_gradients called after the step)."""
+    model, (X, Y) = _model_3_4(100), _dataset_3_4()
+    for epoch in range(EPOCHS):
+        shard = _sampler_indices(NUM_SAMPLES, rank, WORLD_SIZE, True, SEED, epoch, True)
+        for start in range(0, len(shard), BATCH):
+            idx = shard[start:start + BATCH]
+            model.zero_grad()
+            nn.functional.mse_loss(model(X[idx]), Y[idx]).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= LR * p.grad
+    return _flat(model)
+
+
+# (reference flags, the mistake that gives those parameters and its fix), most common first
+_VARIANTS = (
+    ({"epoch_fixed": True}, "the same order in every epoch: pass epoch=epoch to shard_indices"),
+    ({"zero_grad": False}, "the gradients accumulate from step to step: zero the gradients (model.zero_grad()) "
+                           "before each backward()"),
+    ({"drop_last": False}, "the shards are padded: cut them, shard_indices(..., drop_last=True), as the docstring "
+                           "says"),
+)
+
+
+def _which_mistake(params):
+    """The usual mistake whose single-process rebuild gives params, or None."""
+    for flags, mistake in _VARIANTS:
+        if _max_diff(params, _single_process_reference(**flags)[0]) < TOL:
+            return mistake
+    return None
 
 
 def _training_results(ns):
@@ -98,8 +137,17 @@ def _training_results(ns):
 @public_check("3.4")
 def identical_on_every_rank_despite_different_data(ns):
     results = _training_results(ns)
+    for rank in range(WORLD_SIZE):
+        ops = {op for op, _ in results[rank][2]}
+        assert "broadcast" in ops, (f"rank {rank}: no broadcast, so every rank keeps its own initialisation: call "
+                                    "broadcast_parameters(model, src=0) first")
+        assert "all_reduce" in ops, (f"rank {rank}: no all_reduce, so every rank follows its own gradients: call "
+                                     "average_gradients(model) after loss.backward()")
     for rank in range(1, WORLD_SIZE):
         diff = _max_diff(results[rank][0], results[0][0])
+        if diff and all(_max_diff(results[r][0], _local_sgd_reference(r)) < TOL for r in range(WORLD_SIZE)):
+            raise AssertionError("each rank stepped before average_gradients, with its own gradient, so the ranks "
+                                 "drifted apart: average, then step (backward, average_gradients, p -= lr * p.grad)")
         assert diff == 0, (f"after {STEPS} steps rank {rank}'s parameters differ from rank 0's by up to {diff:.3g}; "
                            "every rank must start from rank 0's parameters (broadcast_parameters) and step with "
                            "the same averaged gradient (average_gradients, not averaged parameters)")
@@ -110,6 +158,9 @@ def equals_one_process_on_the_global_batch(ns):
     params = _training_results(ns)[0][0]
     expected, _ = _single_process_reference()
     diff = _max_diff(params, expected)
+    if diff >= TOL:
+        mistake = _which_mistake(params)
+        assert mistake is None, mistake
     assert diff < TOL, (f"after {STEPS} steps the parameters differ from one process training on the global batches "
                         f"by {diff:.3g} (tolerance {TOL:g}); check: shard_indices with shuffle=True, drop_last=True, "
                         "seed and the epoch number; zeroed gradients every step; mean loss; p -= lr * p.grad")

@@ -53,7 +53,8 @@ def main(paths):
                 seconds = f"failed ({type(error).__name__})"
                 print(f"{path.name}: {error}", file=sys.stderr)
             load = os.getloadavg()[0]
-            row = [path.relative_to(ROOT), seconds, md, code, words, f"{load:.1f}"]
+            name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            row = [name, seconds, md, code, words, f"{load:.1f}"]
             print("| " + " | ".join(map(str, row)) + " |", flush=True)
 
 

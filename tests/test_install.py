@@ -73,6 +73,7 @@ def copy_of_repository(target):
 def clean_env():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "JUPYTER"))}
     env.pop("MPLBACKEND", None)  # as on a fresh machine
+    env["PIP_COMPILE"] = "0"  # no .pyc for torch's many files: the install is under test, not compiling
     return env
 
 

@@ -28,6 +28,10 @@ PROBES ?=
 SOLUTIONS ?=
 RESUME ?=
 ONLY ?=
+# make grade ... FORMAT=canvas|gradescope|moodle|csv [DEADLINE=2026-12-01T23:59+01:00] [TIMES=times.csv]
+FORMAT ?=
+DEADLINE ?=
+TIMES ?=
 
 .PHONY: setup lab labs test bench bench-grading grade clean help
 
@@ -80,7 +84,8 @@ grade: setup
 		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]"; exit 2; }
 	$(PY) -m helpers.grading.grade --lab $(LAB) --submissions $(SUBMISSIONS) --out $(OUT) \
 		$(if $(PROBES),--probes $(PROBES)) $(if $(SOLUTIONS),--solutions $(SOLUTIONS)) \
-		$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY))
+		$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY)) $(if $(FORMAT),--format $(FORMAT)) \
+		$(if $(DEADLINE),--deadline $(DEADLINE)) $(if $(TIMES),--times $(TIMES))
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -24,12 +24,13 @@ import time
 
 import nbformat
 
+from helpers.grading import gradebook
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
 from helpers.grading.execute import Limits
 from helpers.grading.grade_student import Task, grade_student, result_path, run_one, write_result, zero_marks
 from helpers.grading.progress import Progress
-from helpers.grading.report import load_results, write_outputs
+from helpers.grading.report import load_results, write_lms, write_outputs
 from helpers.grading.sandbox import available_fences
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -206,6 +207,13 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=2, help="submissions graded in parallel")
     parser.add_argument("--resume", action="store_true", help="grade only students without a trusted result in OUT")
     parser.add_argument("--only", nargs="+", default=(), metavar="STUDENT", help="re-grade these students only")
+    parser.add_argument("--format", choices=("canvas", "gradescope", "moodle", "csv"), default=None,
+                        help="also write OUT/gradebook-FORMAT.csv for that LMS")
+    parser.add_argument("--assignment", default=None, help="the LMS's column name (default: 'Lab NN')")
+    parser.add_argument("--deadline", default=None, help="ISO time, e.g. 2026-12-01T23:59+01:00: apply the late policy")
+    parser.add_argument("--late-per-day", type=float, default=0.1, help="fraction of the points lost per day late")
+    parser.add_argument("--late-max-days", type=int, default=7, help="later than this scores 0")
+    parser.add_argument("--times", default=None, help="CSV student,submitted_iso (default: the files' mtimes)")
     options = parser.parse_args(argv)
     if not pathlib.Path(options.submissions).is_dir():
         print(f"grade: {options.submissions} is not a directory of notebooks", file=sys.stderr)
@@ -219,7 +227,20 @@ def main(argv=None):
         print(f"grade: {exc}", file=sys.stderr)
         return 2
     print(f"graded {len(results)} submission(s) into {options.out}/grades.csv")
+    if options.format:
+        print(f"wrote {_export(options, results)}")
     return 0
+
+
+def _export(options, results):
+    """The LMS file of main's options."""
+    lab = f"{int(options.lab):02d}"
+    deadline = gradebook.parse_time(options.deadline) if options.deadline else None
+    times = (gradebook.times_from_csv(options.times) if options.times
+             else gradebook.times_from_mtimes(pathlib.Path(options.submissions).glob("*.ipynb")))
+    return write_lms(options.out, results, probe_files.load(lab, options.probes)[1], options.format,
+                     assignment=options.assignment or f"Lab {lab}", deadline=deadline,
+                     per_day=options.late_per_day, max_days=options.late_max_days, times=times)
 
 
 if __name__ == "__main__":

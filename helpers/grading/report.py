@@ -50,3 +50,15 @@ def write_outputs(out, probes, results):
         for r in results:
             for c in r["cells"]:
                 writer.writerow([r["student"], c["index"], c["kind"], c["status"], c["seconds"]])
+
+
+def write_lms(out, results, probes, fmt, *, assignment, deadline=None, per_day=0.0, max_days=0, times=None):
+    """OUT/gradebook-<fmt>.csv for an LMS (gradebook.py), the late policy applied when there is a deadline."""
+    from helpers.grading.gradebook import Total, apply_late_policy, write_gradebook
+
+    questions = question_order({p.question for p in probes})
+    maximum = sum(p.points for p in probes)
+    rows = [Total(r["student"], sum(totals(r, questions).values()), maximum, r["status"]) for r in results]
+    if deadline is not None:
+        rows = apply_late_policy(rows, times or {}, deadline, per_day, max_days)
+    return write_gradebook(pathlib.Path(out) / f"gradebook-{fmt}.csv", rows, fmt, assignment, deadline)

@@ -7,8 +7,9 @@ The slow test builds one fresh virtual environment and goes through both paths a
 2. JupyterHub: `pip install <repository>` into the same environment, as the README documents it (the
    dependencies are already there, so this installs the course itself, not editable), then chapter 00 runs
    with papermill in that environment, importing `helpers` from its site-packages.
-Measured on the 2-core build machine with other work running (load 15-30): 5 min 31 s, of which the Colab cell's
-install 202 s (pip's wheel cache warm, torch from a local wheel), `pip install <repository>` 24 s, chapter 00 65 s.
+Measured on the 2-core build machine with other work running (load 15-30): 5 min 31 s, of which the Colab
+cell's install 202 s (pip's wheel cache warm, torch from a local wheel), `pip install <repository>` 24 s and
+chapter 00 65 s.
 """
 import importlib.util
 import json

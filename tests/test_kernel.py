@@ -168,3 +168,43 @@ def test_ranks_hang_shows_the_report_in_the_cells_own_terms(kernel):
     _, full, out = execute_for_error(client, "%tb")
     assert "helpers/run.py" in (full or "") + out, (full, out)
 
+
+
+def test_slow_ranks_cell_shows_live_progress_then_clears_it(kernel):
+    _, client = kernel
+    execute(client, "%load_ext helpers")
+    cell = ("%%ranks 2\nimport time, torch.distributed as dist\nif dist.get_rank() == 1:\n    time.sleep(4)\n"
+            "dist.barrier()\nprint('through')\n")
+    msg_id = client.execute(cell)
+    shown, stdout = [], []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        msg = client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] in ("display_data", "update_display_data"):
+            shown.append((time.monotonic(), msg["content"]["data"].get("text/plain")))
+        elif msg["msg_type"] == "stream":
+            stdout.append(msg["content"]["text"])
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    client.get_shell_msg(timeout=10)
+    texts = [text for _, text in shown]
+    assert any(t.startswith("running 2 ranks") and "rank 0 waits in barrier #1" in t and "waiting for rank 1 since"
+               in t for t in texts), texts
+    assert texts[-1] == "", f"the progress line stayed after the run: {texts}"
+    assert "[rank 1] through" in "".join(stdout)
+
+
+def test_fast_ranks_cell_shows_no_progress_line(kernel):
+    _, client = kernel
+    msg_id = client.execute("%%ranks 2\nprint('quick')")
+    kinds = []
+    while True:
+        msg = client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            kinds.append(msg["msg_type"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+    client.get_shell_msg(timeout=10)
+    assert "display_data" not in kinds, kinds

@@ -8,9 +8,10 @@ mid-word). The returned CheckResult shows nothing more in the cell: the printed 
 import dataclasses
 import json
 
-from helpers.errors import RankFailed
+from helpers.errors import LaunchError, RankFailed
 from helpers.grading.registry import checks_for
 from helpers.grading.shared_run import RunFailed
+from helpers.run_status import in_kernel
 from helpers.traceback_text import wrap_report
 
 # The executed notebook keeps this mimetype's JSON, so CI reads results, not printed text.
@@ -102,8 +103,20 @@ def report_lines(question, outcomes):
     return runs + fails + todo + passes
 
 
+def warm_up():
+    """Start the ranks' forkserver now, in the background: its preload (torch, torch._dynamo) takes 4-6 s, which
+    the first multi-rank check would otherwise wait for. Takes about 0.02 s; never fails a check."""
+    from helpers.launch import warm_up as start_forkserver
+
+    try:
+        start_forkserver()
+    except (LaunchError, OSError):
+        pass  # no forkserver here (Windows): the check that launches says so
+
+
 def check(question, namespace):
     """Run the public checks of `question` against the notebook's namespace and print the report."""
+    warm_up()
     result = CheckResult(question)
     try:
         checks = checks_for(question)
@@ -120,3 +133,9 @@ def check(question, namespace):
                "Public checks only: the graded (hidden) tests are run separately."]
     print(wrap_report("\n".join(result.lines + summary)))
     return result
+
+
+# A notebook that imports check() runs multi-rank checks soon: start the forkserver while the student reads and
+# writes the first answer. Only in a Jupyter kernel: scripts, tests and the grader's host process start it on use.
+if in_kernel():
+    warm_up()

@@ -41,6 +41,26 @@ def free_port():
         return s.getsockname()[1]
 
 
+def feedback_notebook(path):
+    """Lab 03's imports, then three answers a student might write, each followed by its check cell:
+    a right 3.1, a 3.3 that forgets the division, and chapter 03's loop for 3.3, which deadlocks."""
+    from tests.mistakes import lab03
+
+    lab = nbformat.read(lab03.SOLUTION, as_version=4)
+    cells = {cell.get("id"): cell.source for cell in lab.cells}
+    mistakes = {m.name: m.override for m in lab03.MISTAKES}
+    sources = [
+        cells["imports"],
+        "# right: the solution of 3.1\n" + cells["q31"] + '\n\ncheck("3.1", globals())',
+        "# wrong: 3.3 without the division" + mistakes["sum without the division"] + '\ncheck("3.3", globals())',
+        "# deadlock: chapter 03's loop for 3.3" + next(o for n, o in mistakes.items() if n.startswith("chapter 03"))
+        + '\ncheck("3.3", globals())',
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    nb.metadata = lab.metadata
+    nbformat.write(nb, path)
+
+
 def copy_clean(notebook, dest_dir):
     """Copy a notebook without outputs, execution counts or saved widget state: what the page then
     shows was produced in this run."""

@@ -1,7 +1,9 @@
-"""The course in a real browser: JupyterLab in headless Chromium runs chapter 00 and the appendix.
+"""The course in a real browser: JupyterLab in headless Chromium runs chapter 00, the appendix and a lab.
 
 What a student sees, checked in the page: `%%ranks` prints one line per rank, the memory calculator
-renders and its total follows its controls, and no cell fails. Screenshots go to artifacts/browser/.
+renders and its total follows its controls, and no cell fails; in lab 03, a right answer, a wrong one
+and one that deadlocks each get their feedback once, in lines short enough not to break mid-word.
+Screenshots go to artifacts/browser/.
 Skips (never fails) without Chromium or the playwright package; DP_COURSE_CHROMIUM picks the browser.
 """
 import os
@@ -16,6 +18,7 @@ from tests.browser_lab import (
     Lab,
     copy_clean,
     error_texts,
+    feedback_notebook,
     launch_chromium,
     open_notebook,
     run_all_cells,
@@ -35,6 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts" / "browser"
 CHAPTER_00 = ROOT / "chapters" / "00_first_distributed_program.ipynb"
 APPENDIX = ROOT / "chapters" / "99_appendix_instruments.ipynb"  # holds the MemoryCalculator
+FEEDBACK = "03_feedback.ipynb"  # lab 03's imports, then a right, a wrong and a deadlocking answer with checks
 RUN_TIMEOUT_S = 180  # a whole notebook on 2 loaded cores; chapter 00 alone takes ~20 s
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -46,6 +50,7 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("notebooks")
     for notebook in (CHAPTER_00, APPENDIX):
         copy_clean(notebook, root)
+    feedback_notebook(root / FEEDBACK)
     server = Lab(root, tmp_path_factory.mktemp("jupyter"))
     try:
         yield server.start()
@@ -143,3 +148,34 @@ def test_memory_calculator_widget(page, lab):
     expect(image).not_to_have_attribute("src", before_image)      # the bars were redrawn too
     image.evaluate("img => img.decode()")                         # ... and are on screen
     page.screenshot(path=ARTIFACTS / "99_calculator_changed.png")
+
+
+def output_of(page, starting_with):
+    """The text of the output area of the code cell whose source starts with the given text."""
+    cell = code_cell(page, starting_with)
+    expect(cell).to_have_count(1)
+    return cell, cell.locator(".jp-OutputArea").inner_text()
+
+
+def test_lab_feedback_right_wrong_and_deadlock(page, lab):
+    run_notebook(page, lab, FEEDBACK)
+    cell, right = output_of(page, "# right")
+    assert "3.1: 6/6 public checks passed." in right and "[FAIL]" not in right, right
+    assert "CheckResult(" not in right, f"the result's repr follows the summary:\n{right}"
+    cell.scroll_into_view_if_needed()
+    page.screenshot(path=ARTIFACTS / "03_right_answer.png")
+
+    cell, wrong = output_of(page, "# wrong")
+    first = wrong.strip().splitlines()[0]
+    assert first.startswith("[FAIL] 3.3") and "SUM" in wrong and "divide by the world size" in wrong, wrong
+    cell.scroll_into_view_if_needed()
+    page.screenshot(path=ARTIFACTS / "03_wrong_answer.png")
+
+    cell, hang = output_of(page, "# deadlock")
+    assert hang.count("Launcher's report") == 1 and hang.count("deadlock: rank 1 returned") == 1, hang
+    assert "[SKIP] 3.3" in hang and "count a missing .grad as zeros" in hang, hang
+    cell.scroll_into_view_if_needed()
+    page.screenshot(path=ARTIFACTS / "03_deadlock.png")
+    # Short lines: JupyterLab breaks a longer line anywhere, mid-word included.
+    for text in (right, wrong, hang):
+        assert max(len(line) for line in text.splitlines()) <= 88, text

@@ -21,6 +21,7 @@ _REPORT_S = 2.0
 # blocked in a collective that rank will never join is a certain deadlock; seldom for the progress line.
 _ASK_AFTER_RETURN_S = 0.2
 _ASK_FOR_PROGRESS_S = 1.0
+_CONFIRM_S = 0.2  # a certain deadlock is reported once fresh reports show it this long
 
 
 class Run:
@@ -76,7 +77,7 @@ class Run:
                 deadline = time.monotonic() + (_GRACE_S if failures else 0.0)
             if deadline is None and live:
                 blocked = certain_deadlock([self.reports[r] for r in live if r in self.reports], self.final_seq)
-                if blocked:
+                if blocked and self._confirmed(blocked, live):
                     self.output.flush()
                     raise self._deadlock(blocked)
                 self._ask_where(live)
@@ -142,6 +143,20 @@ class Run:
                               "t.detach().cpu() or model.state_dict()", rank=rank)
         info = message[1]
         return RankFailed(format_rank_error(rank, info), rank=rank, exc_type=info["type"])
+
+    def _confirmed(self, blocked, live):
+        """The same ranks blocked at the same collectives in fresh reports _CONFIRM_S apart.
+
+        A report can be a moment old: a rank seen in all_reduce #25 may have finished it as its peer returned
+        (point-to-point ops make sequence numbers differ between ranks). Chapter 02 hit that false alarm."""
+        key = tuple(sorted((r["rank"], r.get("seq")) for r in blocked))
+        now = time.monotonic()
+        if getattr(self, "suspect", None) != key:
+            self.suspect, self.suspect_at = key, now
+            for rank in live:  # ask again: only fresh answers confirm
+                self.reports.pop(rank, None)
+            return False
+        return now - self.suspect_at >= _CONFIRM_S
 
     def _deadlock(self, blocked):
         """A CollectiveHang raised at once: a rank returned, and its peers wait in a collective it never joins."""

@@ -18,7 +18,11 @@ CASES = [(lab, mistake) for lab in LABS for mistake in importlib.import_module(f
 @pytest.mark.parametrize("lab, mistake", CASES, ids=[f"{m.question} {m.name}" for _, m in CASES])
 def test_first_line_names_the_mistake_and_the_fix(lab, mistake, capsys):
     solution = importlib.import_module(f"tests.mistakes.{lab}").SOLUTION
-    result = check(mistake.question, lab_solution.definitions(solution, mistake.override))
+    if isinstance(mistake.override, dict):
+        namespace = {**lab_solution.definitions(solution), **mistake.override}
+    else:
+        namespace = lab_solution.definitions(solution, mistake.override)
+    result = check(mistake.question, namespace)
     printed = capsys.readouterr().out
     assert result.passed < result.total, f"{mistake.question} {mistake.name}: the mistake passed every check"
     first = result.lines[0].splitlines()[0]

@@ -58,6 +58,10 @@ def token_reference(rank_lengths):
     right = flat_grad(model)
     wrong = {"the correct gradient divided by the world size: DDP divides the summed gradients by the world "
              "size, so multiply this rank's share of the loss by it": right / len(rank_lengths)}
+    model.zero_grad()
+    (sum(l.sum() for l, _ in per_rank) / sum(m.numel() for _, m in per_rank)).backward(retain_graph=True)
+    wrong["the mean over every position, padding included: multiply the losses by the mask and count only the "
+          "real tokens"] = flat_grad(model)
     if all(m.sum() > 0 for _, m in per_rank):
         model.zero_grad()
         (sum((l * m).sum() / m.sum() for l, m in per_rank) / len(per_rank)).backward()

@@ -26,7 +26,11 @@ def gradient_rank(fn, sizes):
     model = make_model()
     if len(x):
         F.cross_entropy(model(x), y).backward()
+    before = [p.detach().clone() for p in model.parameters()]
     fn(model, len(x))
+    if any(not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters())):
+        raise AssertionError("average_gradients changed the parameters: average the gradients (p.grad), never the "
+                             "parameters (the picotron hook bug)")
     # Returned, not asserted here: a rank that skipped the all-reduces must not end the run before the hang shows.
     return flat_grad(model), [name for name, p in model.named_parameters() if p.grad is None]
 

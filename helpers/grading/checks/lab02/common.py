@@ -29,7 +29,7 @@ def _launch(fn, world_size, args, what):
         raise RunFailed(
             f"{what} hung at world size {world_size}: a deadlock. "
             f"Blocking send/recv that every rank issues in the same order wait for each other; post "
-            f"dist.isend/dist.irecv and then wait() on both. The launcher's report:\n{exc}") from None
+            f"dist.isend/dist.irecv and then wait() on both. Launcher's report:\n{exc}") from None
 
 
 def _rank_data(shape, dtype, rank, seed=0):

@@ -22,6 +22,10 @@ from helpers.grading.registry import answer, public_check
 
 # --- 2.2 ring_reduce_scatter -----------------------------------------------------------------------
 
+def _numel(shape):
+    return int(torch.Size(shape).numel())
+
+
 def _on_ranks_reduce_scatter(fn, cases):
     rank, n = dist.get_rank(), dist.get_world_size()
     results = []
@@ -41,10 +45,14 @@ def reduce_scatter_matches_tensor_split_of_sum(ns):
     cases = [(shape, dtype) for shape in SHAPES for dtype in DTYPES]
     for n in WORLD_SIZES:
         for rank, result in enumerate(_launch(_on_ranks_reduce_scatter, n, (fn, cases), "ring_reduce_scatter")):
-            for shape, dtype, out, expected, unchanged, ops, _ in result:
+            # Even splits first: a mistake that shows only on uneven ones is about the chunk sizes.
+            for shape, dtype, out, expected, unchanged, ops, _ in sorted(result, key=lambda r: _numel(r[0]) % n != 0):
                 where = _where(rank, shape, dtype, n)
+                sizes = [c.numel() for c in torch.empty(_numel(shape)).tensor_split(n)]
+                uneven = (f" (an uneven split: torch.tensor_split gives chunks of {sizes} elements, the first ones "
+                          "one larger; no padding, no equal sizes)") if _numel(shape) % n else ""
                 _assert_same_values(out, expected, where,
-                                    f"the result (chunk {rank} of torch.tensor_split(sum.flatten(), {n}))")
+                                    f"the result (chunk {rank} of torch.tensor_split(sum.flatten(), {n})){uneven}")
                 assert unchanged, f"{where}: ring_reduce_scatter must not modify its input; work on a copy"
                 _assert_point_to_point(ops, where, "ring_reduce_scatter")
 

@@ -73,7 +73,7 @@ def run_on_ranks(fn, world_size, args, what):
     except CollectiveHang as exc:
         raise RunFailed(
             f"{what} hung at world size {world_size}: some rank issued an "
-            f"all-reduce the others did not (a bucket launched twice, or never). Launcher report:\n{exc}") from None
+            f"all-reduce the others did not (a bucket launched twice, or never). Launcher's report:\n{exc}") from None
     except RankFailed as exc:
         if exc.exc_type == "NotImplementedError":
             raise

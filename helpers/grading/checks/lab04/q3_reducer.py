@@ -40,9 +40,11 @@ def _on_ranks_reducer(Reducer, steps, slow_rank_s):
             loss.backward()
             backward_end = time.perf_counter()
             reducer.finalize()
+            # An all-reduce whose end is not stamped yet had not finished when finalize() returned.
+            unfinished = sum(r.end is None for r in ledger.records if r.op == "all_reduce")
         starts = [r.start for r in ledger.records if r.op == "all_reduce"]
         report.append({"calls": len(starts), "during_backward": sum(s < backward_end for s in starts),
-                       "others": sorted({r.op for r in ledger.records} - {"all_reduce"}),
+                       "others": sorted({r.op for r in ledger.records} - {"all_reduce"}), "unfinished": unfinished,
                        "grads": [p.grad.clone() if p.grad is not None else None for p in model.parameters()]})
     return report
 
@@ -62,9 +64,13 @@ def _check_reducer_report(report, world_size, ranks_to_check):
             mean = sum(local) / world_size
             got = flat(r["grads"])
             error = max_diff(got, mean)
+            hint = diagnose(got, mean, local[rank], params, world_size)
+            if not hint and r["unfinished"]:
+                hint = (f" finalize() returned before {r['unfinished']} all-reduce(s) had finished: wait() on the work "
+                        "handle of every bucket before copying its buffer back.")
             assert error <= TOL, (
                 f"{at}: after finalize(), max |p.grad - mean over ranks of the gradients| = {error:.2e} "
-                f"(tolerance {TOL:.0e}).{diagnose(got, mean, local[rank], params, world_size)} "
+                f"(tolerance {TOL:.0e}).{hint} "
                 f"({r['calls']} all-reduces in the step, {n_buckets} expected.)")
             if r["calls"] > n_buckets:
                 raise AssertionError(f"{at}: {r['calls']} all-reduces in one step, expected {n_buckets}, one per "

@@ -39,10 +39,11 @@ def run_on_ranks(fn, world_size, args=()):
         return launch(fn, world_size, args=args, backend="gloo", hang_timeout=HANG_TIMEOUT)
     except CollectiveHang as exc:
         raise RunFailed(
-            "the ranks hung: they did not issue the same collectives. Ranks "
+            "the ranks hung: they did not issue the same collectives, most likely an all-reduce at every micro-batch "
+            "(no no_sync(), or no_sync() around the backward only). Ranks "
             "may hold different numbers of micro-batches, so every rank must run exactly one synchronised backward "
             "per step: all micro-batches but the last inside no_sync() (forward and backward), the last outside it. "
-            f"Launcher report:\n{exc}") from None
+            f"Launcher's report:\n{exc}") from None
     except RankFailed as exc:
         if exc.exc_type == "NotImplementedError":
             raise

@@ -35,8 +35,18 @@ def execute(client, code, timeout=60.0):
             error = content["ename"]
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    reply = client.get_shell_msg(timeout=10)
+    reply = shell_reply(client, msg_id)
     return reply["content"]["status"], "".join(stdout), "".join(stderr), error
+
+
+def shell_reply(client, msg_id, timeout=10.0):
+    """The shell reply to msg_id. Replies to earlier requests are skipped: start_new_kernel may leave a
+    second kernel_info_reply on a slow machine, and a failed test may leave its reply unread."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
 
 
 def drain_iopub(client, msg_id):
@@ -96,8 +106,7 @@ def test_interrupt_hung_cell_then_next_cell_works(kernel):
     time.sleep(0.5)
     manager.interrupt_kernel()
     interrupted = time.monotonic()
-    reply = client.get_shell_msg(timeout=20)
-    assert reply["parent_header"]["msg_id"] == msg_id, reply
+    reply = shell_reply(client, msg_id, timeout=20)
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", (
         reply["content"], seen, drain_iopub(client, msg_id))
     # The interrupt's report, without the launcher's frames.
@@ -146,7 +155,7 @@ def execute_for_error(client, code, timeout=60.0):
             stdout.append(msg["content"]["text"])
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    reply = client.get_shell_msg(timeout=10)
+    reply = shell_reply(client, msg_id)
     return reply["content"]["execution_count"], traceback, "".join(stdout)
 
 
@@ -188,7 +197,7 @@ def test_slow_ranks_cell_shows_live_progress_then_clears_it(kernel):
             stdout.append(msg["content"]["text"])
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    client.get_shell_msg(timeout=10)
+    shell_reply(client, msg_id)
     texts = [text for _, text in shown]
     assert any(t.startswith("running 2 ranks") and "rank 0 waits in barrier #1" in t and "waiting for rank 1 since"
                in t for t in texts), texts
@@ -206,5 +215,5 @@ def test_fast_ranks_cell_shows_no_progress_line(kernel):
             kinds.append(msg["msg_type"])
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
-    client.get_shell_msg(timeout=10)
+    shell_reply(client, msg_id)
     assert "display_data" not in kinds, kinds

@@ -45,7 +45,7 @@ def question_seed(seed, question):
     return int.from_bytes(hashlib.sha256(f"{seed}/{question}".encode()).digest()[:4], "big") % 2**31
 
 
-def probe_source(question, setup, probes, nonce, seed=0):
+def probe_source(question, setup, probes, nonce, seed):
     """Code of a probe cell: evaluate each probe expression in the notebook's namespace."""
     calls = [(p.name, p.expr) for p in probes]
     return (
@@ -54,10 +54,11 @@ def probe_source(question, setup, probes, nonce, seed=0):
     )
 
 
-def assemble(released, submission, setup, probes, seed=0):
+def assemble(released, submission, setup, probes, seed):
     """(graded notebook, {question: nonce}, [questions whose answer cell was not found]).
 
-    seed: the grading run's secret probe seed; each question's probe inputs derive from it."""
+    seed: the grading run's secret probe seed (an int); each probe cell carries only its own question's seed,
+    question_seed(seed, question), from which that question's probe inputs derive."""
     graded = nbformat.v4.new_notebook(metadata=released.metadata)
     nonces, missing = {}, []
     # A question may span several answer cells (two functions): probe it once, after its last one.

@@ -31,7 +31,7 @@ def test_answers_come_from_the_submission_everything_else_from_the_release():
     submission = lab(("import os; os.system('evil')", []), ("def f():\n    return 1", ["1.1"]),
                      ("print('all checks passed')", []), ("def g():\n    return 2", ["1.2"]),
                      ("def h():\n    return 3", ["1.2"]))
-    graded, nonces, missing = assemble(RELEASED, submission, "", PROBES)
+    graded, nonces, missing = assemble(RELEASED, submission, "", PROBES, 0)
     assert missing == [] and set(nonces) == {"1.1", "1.2"}
     assert graded.cells[0].source == "import torch"
     assert graded.cells[1].source == "def f():\n    return 1"
@@ -39,12 +39,12 @@ def test_answers_come_from_the_submission_everything_else_from_the_release():
 
 
 def test_a_question_spanning_two_cells_is_probed_once_after_its_last_cell():
-    graded, nonces, _ = assemble(RELEASED, RELEASED, "", PROBES)
+    graded, nonces, _ = assemble(RELEASED, RELEASED, "", PROBES, 0)
     assert kinds(graded) == ["lab", "answer", "probe", "check", "answer", "answer", "probe"]
     assert repr(nonces["1.2"]) in graded.cells[-1].source and "g()" in graded.cells[-1].source
 
 
 def test_a_missing_answer_cell_is_reported():
     submission = lab(("def f():\n    return 1", ["1.1"]))
-    _, _, missing = assemble(RELEASED, submission, "", PROBES)
+    _, _, missing = assemble(RELEASED, submission, "", PROBES, 0)
     assert "1.2" in missing

@@ -7,7 +7,8 @@ import pytest
 from helpers.grading import probes as probe_files
 from helpers.grading.assemble import answer_sources, assemble, question_seed
 from helpers.grading.labgen import ROOT
-from helpers.grading.shortcuts import shortcut
+from helpers.grading.probes.judges import point_to_point, ring_bytes
+from helpers.grading.probes.shortcuts import refusal, shortcut
 
 LABS = [f"{n:02d}" for n in range(1, 11)]
 
@@ -72,3 +73,52 @@ def test_forged_batches_of_10_1_score_zero():
 def test_each_question_has_its_own_secret_seed():
     seeds = {question_seed(42, q) for q in ("3.1", "3.2", "3.3", "10.1")}
     assert len(seeds) == 4 and question_seed(42, "3.1") == question_seed(42, "3.1") != question_seed(43, "3.1")
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_no_solution_is_refused(lab):
+    # The HIDING names apply to every question: no honest answer (the solution's) may trip them.
+    setup, probes = probe_files.load(lab)
+    released = nbformat.read(glob.glob(str(ROOT / "labs" / f"{lab}_*.ipynb"))[0], as_version=4)
+    solution = nbformat.read(glob.glob(str(ROOT / "solutions" / f"{lab}_*.ipynb"))[0], as_version=4)
+    sources = answer_sources(assemble(released, solution, setup, probes, 0)[0])
+    assert not {p.question: refusal(sources[p.question], p.forbidden) for p in probes
+                if refusal(sources[p.question], p.forbidden)}
+
+
+@pytest.mark.parametrize("source, name", [
+    ("def f(t):\n    return eval('dist.all_reduce')(t)\n", "eval"),
+    ("def f(t):\n    exec(open('x').read())\n", "exec"),
+    ("import importlib\ndef f(t):\n    return importlib.import_module('torch.distributed')\n", "importlib"),
+    ("def f(t):\n    return __import__('torch').distributed\n", "__import__"),
+    ("import helpers.grading.probe_runtime as rt\nrt._evaluate = lambda e, n: {'value': 1}\n", "probe_runtime"),
+    ("def f():\n    return _PROBE_SEED\n", "_PROBE_SEED"),
+    ("def f():\n    return _probe_mine(3)\n", "_probe_*"),
+])
+def test_code_that_hides_what_it_runs_scores_zero(source, name):
+    why = refusal(source, ())
+    assert why.startswith(f"uses `{name}`, which hides what the answer runs"), why
+
+
+def test_method_names_that_look_like_builtins_are_not_refused():
+    source = "def f(model, x):\n    model.eval()\n    step = torch.compile(model)\n    return step(x)\n"
+    assert refusal(source, ()) == ""
+
+
+def _ring(world_size, numel, chunked=True, op="send"):
+    """Ledger rows per rank of a ring all-reduce of numel float32 elements: 2(N-1) sends of S/N, or of S."""
+    size = 4 * (numel // world_size if chunked else numel)
+    return [{"ledger": [[op, size]] * (2 * (world_size - 1)) + [["recv", size]] * (2 * (world_size - 1))}
+            for _ in range(world_size)]
+
+
+def test_an_unchunked_ring_fails_the_bytes_rule():
+    rule = ring_bytes("all-reduce")
+    assert rule(_ring(4, 1200), _ring(4, 1200)) == ""
+    why = rule(_ring(4, 1200), _ring(4, 1200, chunked=False))
+    assert why.startswith("rank 0 sent 4.00 times a ring all-reduce's bytes per rank"), why
+
+
+def test_a_ring_on_library_collectives_fails_the_point_to_point_rule():
+    why = point_to_point("ring_all_reduce")(None, _ring(3, 30, op="all_reduce"))
+    assert why.startswith("rank 0 issued all_reduce; build ring_all_reduce from point-to-point messages"), why

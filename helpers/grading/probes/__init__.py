@@ -1,10 +1,23 @@
-"""Hidden tests ("probes") per lab: expressions evaluated in the student's kernel on instructor inputs.
+"""Hidden tests ("probes") per lab: expressions evaluated in the student's kernel, judged in the grader.
 
 A probe file `labNN.py` (here, or in an instructor's private directory given as PROBES=dir) defines
     SETUP = "code run in the student's kernel before the probes (define _probe_* helpers here)"
     PROBES = [Probe("3.1", "a name the student sees", "an expression", points=1), ...]
-Probe files are instructor code, run in the grader and in the graded kernel. In a public repository
-they are not hidden: instructors who need hidden tests keep their own directory.
+
+The contract, and why:
+- Inputs are secret. The kernel gets `_PROBE_SEED`, the question's seed drawn from the grading run's secret
+  seed (assemble.question_seed); expressions and SETUP draw sizes, data, world sizes and initialisations from
+  it, so an output memorised for one call is worth nothing (tests/test_labs.py proves it for every probe).
+- A probe returns raw data only: tensors, numbers, lists, the records of the collectives the ranks issued
+  (helpers.comm.CommLedger), never a verdict computed in the student's kernel, which the student controls.
+- The grader judges: `Probe.grade` runs in the grader's process, on the JSON the kernel displayed. By default
+  the value must equal the solution's value for the same seed (plain.compare, rtol/atol); a `judge(expected,
+  actual, seed) -> (passed, message)` replaces that where the lab leaves a choice free (10.1's sampling) or
+  where structure is judged by a rule (bytes within 1 %, all-reduces started during backward); see judges.py.
+- A shortcut scores 0: the library function a question rebuilds (`forbidden`), or code that hides what it
+  runs, found in the answer's source (shortcuts.py).
+Probe files are instructor code, run in the grader and in the graded kernel. In a public repository they are
+not hidden: instructors who need hidden tests keep their own directory.
 """
 import dataclasses
 import importlib.util
@@ -15,7 +28,7 @@ DEFAULT_DIR = pathlib.Path(__file__).parent
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """One hidden test: its question, a name shown to students, the expression, its points."""
+    """One hidden test: its question, a name shown to students, the expression, its points, how it is judged."""
 
     question: str
     name: str
@@ -23,27 +36,29 @@ class Probe:
     points: float = 1.0
     rtol: float = 1e-5
     atol: float = 1e-6
-    # judge(expected, actual, question_seed) -> (passed, message), run in the grader's process on the raw values
-    # (never a property computed in the student's kernel); default: equal to the solution's value.
+    # judge(expected, actual, seed) -> (passed, message), run in the grader's process on the raw values; seed is
+    # the question's seed (the kernel's _PROBE_SEED). None: equal to the solution's value (plain.compare).
     judge: object = None
-    # Names the answer must not use: the library function the question rebuilds (found by shortcuts.py).
+    # Names the answer must not use: the library function the question rebuilds (shortcuts.py).
     forbidden: tuple = ()
 
     def grade(self, expected, actual, *, answer_source="", seed=0):
-        """(passed, message): actual against the solution's value, in the grader's process."""
+        """(passed, message): actual against the solution's value, in the grader's process.
+
+        seed: the grading run's secret seed (this question's is derived from it, as the kernel's was)."""
         from helpers.grading.assemble import question_seed
         from helpers.grading.plain import compare
-        from helpers.grading.shortcuts import shortcut
+        from helpers.grading.probes.shortcuts import refusal
 
-        used = shortcut(answer_source, self.forbidden)
-        if used:
-            return False, f"uses `{used}`, which this question asks you to build yourself: 0 points"
-        if self.judge is not None:
-            try:
-                return self.judge(expected, actual, question_seed(seed, self.question))
-            except Exception as exc:  # noqa: BLE001 - the value is the student's: anything may arrive
-                return False, f"the value could not be judged ({type(exc).__name__}); see the lab for what to return"
-        return compare(expected, actual, self.rtol, self.atol)
+        why = refusal(answer_source, self.forbidden)
+        if why:
+            return False, why
+        if self.judge is None:
+            return compare(expected, actual, self.rtol, self.atol)
+        try:
+            return self.judge(expected, actual, question_seed(seed, self.question))
+        except Exception as exc:  # noqa: BLE001 - the value is the student's: anything may arrive
+            return False, f"the value could not be judged ({type(exc).__name__}): see the lab for what to return"
 
 
 def load(lab, directory=None):

@@ -88,7 +88,7 @@ def run_on_ranks(fn, world_size, args, what):
         return launch(fn, world_size, args=args, backend="gloo", hang_timeout=HANG_TIMEOUT_S)
     except CollectiveHang as exc:
         raise RunFailed(f"{what} hung at world size {world_size}: the ranks did not issue the same collectives. "
-                        f"Launcher report:\n{exc}") from None
+                        f"Launcher's report:\n{exc}") from None
     except RankFailed as exc:
         if exc.exc_type == "NotImplementedError":
             raise

@@ -1,0 +1,106 @@
+"""Judges and structure rules for probes, run in the grader's process on the plain (JSON) values.
+
+A probe's value is raw data; most are judged by equality with the solution's value for the same secret seed.
+Where the lab allows more than one right structure (how many broadcasts, which rank sends which chunk, how
+long a call took), the value carries raw rows and a rule judges them:
+
+    judged(*rules, skip=("ledger",))   compare everything but the skipped keys with the solution's value, then
+                                       apply each rule(expected, actual) -> "" or what is wrong
+
+Ledger rows are [op, payload_bytes, ...] as helpers.grading.probe_runtime.records() returns them, one list
+per rank. Messages say what is wrong and what the lab asks; they never quote the solution's value.
+"""
+from helpers.grading.plain import compare
+
+P2P = ("send", "recv")
+
+
+def _without(value, skip):
+    """value with every dict key in skip removed, at any depth."""
+    if isinstance(value, dict) and "__tensor__" not in value:
+        return {k: _without(v, skip) for k, v in value.items() if k not in skip}
+    if isinstance(value, list):
+        return [_without(v, skip) for v in value]
+    return value
+
+
+def judged(*rules, skip=("ledger",), rtol=1e-5, atol=1e-6):
+    """A judge: the value without `skip` equals the solution's, and every rule passes."""
+    def judge(expected, actual, seed):
+        ok, message = compare(_without(expected, skip), _without(actual, skip), rtol, atol)
+        for rule in rules:  # a rule's message says more than "wrong value": it comes first
+            try:
+                why = rule(expected, actual)
+            except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
+                why = "" if not ok else "the value has another shape than the lab asks for"
+            if why:
+                return False, why
+        return ok, message
+    return judge
+
+
+def per_rank(value, key="ledger"):
+    """[rows of rank 0, rows of rank 1, ...] from a list of per-rank dicts."""
+    return [rank[key] for rank in value]
+
+
+def ops_only(allowed, what, key="ledger"):
+    """Rule: every rank issued only the ops in `allowed`."""
+    def rule(expected, actual):
+        for rank, rows in enumerate(per_rank(actual, key)):
+            others = sorted({row[0] for row in rows} - set(allowed))
+            if others:
+                return f"rank {rank} issued {', '.join(others)}; {what}"
+        return ""
+    return rule
+
+
+def point_to_point(name):
+    """Rule: a ring is built from send/recv (isend/irecv) only."""
+    return ops_only(P2P, f"build {name} from point-to-point messages only (dist.isend / dist.irecv)")
+
+
+def _sent(rows):
+    return sum(row[1] for row in rows if row[0] == "send")
+
+
+def ring_bytes(label):
+    """Rule: the ranks sent exactly the solution's bytes in total, each within 1 % of an equal share.
+
+    The solution's total is N x 2(N-1)/N S for an all-reduce, (N-1)/N S for a reduce-scatter or an all-gather:
+    a ring on torch.tensor_split chunks, no padding. An unchunked ring sends (N-1) S per rank."""
+    def rule(expected, actual):
+        total = sum(_sent(rows) for rows in per_rank(expected))
+        sent = [_sent(rows) for rows in per_rank(actual)]
+        share = total / len(sent)
+        for rank, got in enumerate(sent):
+            if abs(got - share) > 0.01 * share:
+                return (f"rank {rank} sent {got / share:.2f} times a ring {label}'s bytes per rank "
+                        f"({'2(N-1)/N' if label == 'all-reduce' else '(N-1)/N'} of the tensor): send one chunk of "
+                        "about S/N per step")
+        if sum(sent) != total:
+            return f"the ranks sent {sum(sent) - total:+d} bytes more than a ring {label} on tensor_split chunks"
+        return ""
+    return rule
+
+
+def rows_equal(op, what, key="ledger"):
+    """Rule: every rank's rows of `op` equal the solution's (how many calls, how many bytes each)."""
+    def rule(expected, actual):
+        for rank, (mine, theirs) in enumerate(zip(per_rank(actual, key), per_rank(expected, key))):
+            got, want = [r[:2] for r in mine if r[0] == op], [r[:2] for r in theirs if r[0] == op]
+            if got != want:
+                return (f"rank {rank} issued {len(got)} {op} call(s) of {sorted({r[1] for r in got})} bytes; "
+                        f"{what}")
+        return ""
+    return rule
+
+
+def at_most(key, limit, what):
+    """Rule: the number under `key` (in every per-rank dict that has it) is below limit: a time, raw."""
+    def rule(expected, actual):
+        for rank, value in enumerate(actual):
+            if isinstance(value, dict) and key in value and not value[key] < limit:
+                return f"rank {rank}: {what} ({value[key]:.2f} s)"
+        return ""
+    return rule

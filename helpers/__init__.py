@@ -1,4 +1,28 @@
-"""Shared infrastructure of the course: launching ranks, ledgers, formulas, plots, widgets, grading."""
+"""Shared infrastructure of the course: launching ranks, ledgers, formulas, plots, widgets, grading.
+
+Map of the package:
+  launching    launch (launch(fn, world_size)), magic (%%ranks N), backend (NCCL or Gloo),
+               worker (the rank side), run (one call seen from the kernel), run_status, rank_output,
+               errors, hang, traceback_text
+  instruments  comm (ledger of collectives), memory (model-state bytes, peak memory)
+  formulas     theory, theory_comm (ZeRO memory, communication, alpha-beta costs),
+               simulate (a DDP step past one machine)
+  figures      plot, plot_collectives, widgets (the chapter 06 calculator)
+  grading      grading/ (public checks, lab generation from solutions, the instructor's grader)
+
+How `launch` runs ranks, and why:
+- A forkserver, started once per kernel with torch (and helpers.worker) preloaded, forks fresh worker
+  processes for every call. Plain `fork` from the kernel deadlocks once the kernel has run a multi-threaded
+  op; `spawn` re-imports the main module, so it cannot see functions defined in notebook cells.
+- The function travels by value (cloudpickle), so a function defined in a cell works.
+- Ranks meet in a TCPStore hosted by the kernel on a port the OS chooses, each call under a key prefix of
+  its own, so calls never clash over ports or keys.
+- The process-group timeout is hang_timeout plus a margin (launch.TIMEOUT_MARGIN_S), never Gloo's
+  30-minute default, so the launcher's watchdog, which knows each rank's call site, reports a hang first.
+- Workers ignore SIGINT; on an interrupt or a failure the launcher stops them (SIGTERM, then SIGKILL), and
+  a worker exits when its pipe to the kernel closes.
+- NCCL when each rank can have a GPU of its own, Gloo otherwise (helpers.backend).
+"""
 from helpers.errors import CollectiveHang, LaunchError, RankFailed
 
 # Eager on purpose: a lazy `launch` would be shadowed by the submodule helpers.launch once imported.

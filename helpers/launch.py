@@ -1,9 +1,10 @@
 """`launch(fn, world_size)`: run a function on several ranks from a notebook cell.
 
-How (see DESIGN.md): a forkserver started once per kernel with torch preloaded forks fresh
-worker processes for every call; the function travels by value (cloudpickle), so functions
-defined in notebook cells work; ranks meet in a TCPStore hosted by the kernel on an OS-chosen
-port, under a key prefix of their own per call. The run loop itself lives in helpers.run.
+How (the reasons are in the package docstring, helpers/__init__.py): a forkserver started once
+per kernel with torch preloaded forks fresh worker processes for every call; the function travels
+by value (cloudpickle), so functions defined in notebook cells work; ranks meet in a TCPStore
+hosted by the kernel on an OS-chosen port, under a key prefix of their own per call. The run loop
+itself lives in helpers.run.
 From a plain script, guard the call with `if __name__ == "__main__":`: multiprocessing imports the
 script's main module again in every worker.
 """

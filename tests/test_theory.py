@@ -1,4 +1,4 @@
-"""helpers.theory against the published figures (shared/FACTS.md) and against its own invariants."""
+"""helpers.theory against the published figures (ZeRO paper, arXiv 1910.02054) and against its own invariants."""
 import enum
 
 import numpy as np
@@ -110,7 +110,7 @@ def test_optimizer_k():
     assert optimizer_k("sgd", master_weights=False) == 0
 
 
-# --- errors in popular material (FACTS.md) --------------------------------------------------------
+# --- errors in popular material (chapter 06, section 6) -------------------------------------------
 
 def test_10b_params_optimizer_120_total_160():
     memory = zero_memory(10e9, 1, 0)

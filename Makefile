@@ -33,7 +33,7 @@ FORMAT ?=
 DEADLINE ?=
 TIMES ?=
 
-.PHONY: setup lab labs test bench bench-grading grade clean help
+.PHONY: setup lab labs test bench bench-grading grade release clean help
 
 help:
 	@echo "make lab    set up if needed, then open JupyterLab on chapter 00"
@@ -42,6 +42,7 @@ help:
 	@echo "make bench  time the launcher (vs spawn, fork) and lab 04's bucketed DDP (vs torch DDP)"
 	@echo "make bench-grading   time grading a class of 20 (lab 03)"
 	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]: grade a class"
+	@echo "make release OUT=dir   write the student repository: no solutions, probes or answer key (a new dir)"
 	@echo "make setup  create .venv and install the course into it (idempotent) [TORCH_INDEX=url|default]"
 	@echo "make clean  remove .venv and test artifacts"
 
@@ -86,6 +87,11 @@ grade: setup
 		$(if $(PROBES),--probes $(PROBES)) $(if $(SOLUTIONS),--solutions $(SOLUTIONS)) \
 		$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY)) $(if $(FORMAT),--format $(FORMAT)) \
 		$(if $(DEADLINE),--deadline $(DEADLINE)) $(if $(TIMES),--times $(TIMES))
+
+# The student edition, a new repository outside this one; helpers/grading/release.py says what it leaves out.
+release: setup
+	@test -n "$(OUT)" || { echo "usage: make release OUT=../student-repo (a new or empty directory outside this one)"; exit 2; }
+	$(PY) -m helpers.grading.release --out $(OUT)
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -1,12 +1,13 @@
 """chapters/capstone/train_gpt.py runs unchanged under torchrun: 2 processes, Gloo on the CPU, all four strategies."""
 import os
+import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
 
-from helpers.grading.labgen import ROOT
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = ROOT / "chapters" / "capstone" / "train_gpt.py"
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -1,8 +1,8 @@
 """What you built in chapters 03 and 08, compact: a manual DDP and a manual FSDP (ZeRO-3).
 
-ManualDDP (chapter 03): broadcast rank 0's parameters once; after backward, all-reduce ONE flat buffer of
-every gradient and divide by the world size. Every rank keeps everything: 16 bytes per parameter with Adam
-in float32 (4 weight + 4 gradient + 8 optimizer state).
+ManualDDP (chapter 03): broadcast rank 0's parameters once (the GPT has no buffers); after backward,
+all-reduce ONE flat buffer of every gradient and divide by the world size. Every rank keeps everything:
+16 bytes per parameter with Adam in float32 (4 weight + 4 gradient + 8 optimizer state).
 
 ManualFSDP (chapter 08, ZeRO-3): every unit (one per transformer block, plus the root for the embeddings,
 the final norm and the tied output layer) is a FlatShard, as in chapter 08: its parameters flattened into
@@ -23,9 +23,13 @@ class ManualDDP(nn.Module):
     def __init__(self, module, src=0):
         super().__init__()
         self.module = module
+        buffers = [name for name, _ in module.named_buffers()]
+        if buffers:  # the GPT has none; lab 3.2 is the version that broadcasts buffers too
+            raise ValueError(f"ManualDDP broadcasts parameters only, as chapter 03 does, and this module has buffers "
+                             f"{buffers[:3]}: wrap it in torch DDP, or broadcast them as in lab 3.2")
         with torch.no_grad():                       # in place, outside autograd
-            for t in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(t, src=src)
+            for p in module.parameters():
+                dist.broadcast(p, src=src)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

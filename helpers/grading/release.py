@@ -1,0 +1,334 @@
+"""`make release OUT=dir`: the student edition of the course, without solutions, hidden tests or answers.
+
+    python -m helpers.grading.release --out ../student-repo     # writes it, `git init` + one commit
+    python -m helpers.grading.release --dry-run                 # only says what would ship, and scans it
+
+OUT must be new (or an empty directory) and outside this repository: the release is a new repository with a
+history of its own, never a copy of this one's `.git`. What it leaves out (OUT/RELEASE_MANIFEST.md lists every
+file):
+
+| left out | why |
+|---|---|
+| `solutions/` | the lab sources, answers between BEGIN/END SOLUTION markers; ANSWERS.md, the exercise key |
+| `helpers/grading/probes/` | the hidden tests: inputs, judges, the list of forbidden shortcuts |
+| the grader: `helpers/grading/*.py` that no chapter, lab, check or helper imports | grading runs in the private repo |
+| tests that read solutions or import what is left out (found by their imports) | they cannot run without it |
+| `tests/mistakes/`, `tests/lab_solution.py`, ... (RULES) | built from the solutions' answer cells |
+
+The Makefile loses the targets that need them (labs, grade, bench-grading, release) and every recipe line that
+runs a module left out; the README gains a first paragraph saying what this edition is.
+
+**Answer code in what ships.** Before anything is written, every shipped `.py`, notebook and Markdown file is
+scanned for the code of every solution region (helpers/grading/answer_scan.py: statements compared through
+`ast`, with and without their names, so comments, spacing and renaming hide nothing). A finding refuses the
+release, naming the file, the line or cell, the lab question and the region. ALLOWED holds the exceptions, each
+with its reason; it may only hold a chapter that openly teaches a simpler version that the lab generalises.
+It is empty today: measured with make release --dry-run (the manifest keeps the table), the chapters that teach
+what a lab generalises share at most 57 % of a region's statements (chapter 06 with 6.4's training loop, chapter
+08 with 8.4's reduce-scatter, both with names changed), under the 60 % that refuses.
+
+Decisions, with the scan's numbers:
+- `chapters/capstone/parallel.py` ("what you built in chapters 03 and 08"). Its ManualDDP broadcast parameters and
+  buffers: lab 3.2's answer whole (3 of 3 statements, names changed), and lab 3.2 exists to add the buffers to
+  chapter 03's version. The capstone's GPT has no buffers, so ManualDDP now broadcasts parameters as chapter 03
+  does and refuses a module with buffers. Its FlatShard shares at most 2 statements in a row with lab 08's regions
+  (the storage resize and `all_gather_single` of 8.2, which chapter 08 teaches) and builds its units another way
+  (own_parameters and claimed ids, not param_infos and get_submodule); ManualDDP.sync_gradients shares under
+  43 % with 10.2 and train_gpt.py nothing with 10.3: it ships, as chapter 10's open material.
+- `chapters/capstone/data.py` `get_batch` draws offsets with replacement (randint); lab 10.1 asks for distinct
+  offsets (randperm): 2 of 5 statements shared, under the bar; it ships.
+- The public checks (`helpers/grading/checks/`) of 4.1, 5.2, 6.4, 7.1, 8.2 and 9.1 compute their expected values
+  with a reference implementation of the answer (60-100 % of a region). These are answers in what students run;
+  they are not allowed: the release refuses until each check compares with recorded values, or with PyTorch, instead.
+"""
+import argparse
+import ast
+import datetime
+import fnmatch
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import nbformat
+
+from helpers.grading import answer_scan
+from helpers.grading.labgen import ROOT
+
+# (pattern, reason): the first match leaves a file out. The grader and the tests that need what is left out are
+# found by their imports (left_out), so a new grader module or test needs no entry here.
+RULES = [
+    ("solutions/*", "lab sources with their answers, and the exercise answer key (ANSWERS.md)"),
+    ("helpers/grading/probes/*", "hidden tests: their inputs, judges and the shortcuts they refuse"),
+    ("helpers/grading/release.py", "this tool: it reads solutions/"),
+    ("helpers/grading/answer_scan.py", "reads the solutions' answer regions (for this tool)"),
+    ("helpers/grading/labgen.py", "writes labs/ from solutions/; the release ships the labs it wrote"),
+    ("tests/mistakes/*", "the mistake catalogue: each mistake is a solution's answer with one edit"),
+    ("tests/lab_solution.py", "runs the solutions' answer cells"),
+    ("tests/grading/*", "the grader's tests: fixture classes graded against the solutions and probes"),
+    ("tests/test_instructors.py", "checks the answer key, solutions/ANSWERS.md"),
+    ("tests/bench_bucketing.py", "times the solution's Reducer (lab 04)"),
+    ("tests/bench_grading.py", "times the grader"),
+]
+# {path: reason}: a test that names a path left out and still runs without it.
+SHIPS_ANYWAY = {"tests/test_install.py": "globs solutions/ with chapters/ and labs/: finds no solution there, runs"}
+# {(path, question): reason}: a shipped file allowed to carry that much of a region. Only for a chapter that openly
+# teaches a simpler version that the lab generalises; the reason says what the lab adds.
+ALLOWED = {}
+DROPPED_TARGETS = ("labs", "grade", "bench-grading", "release")
+GRADER = "the grader: nothing students run imports it; grade from the private repository"
+MANIFEST = "RELEASE_MANIFEST.md"
+SCANNED = (".py", ".ipynb", ".md")
+
+
+class ReleaseError(ValueError):
+    """The release cannot be written; the message says what is wrong and what to do."""
+
+
+def tracked_files(root):
+    """Paths (relative, '/') of the files the repository holds: git's tracked and untracked-not-ignored files."""
+    try:
+        listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                                 capture_output=True, text=True, check=True).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file but the usual litter
+        skip = {".git", ".venv", "artifacts", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", "build"}
+        listing = [str(p.relative_to(root)) for p in root.rglob("*")
+                   if p.is_file() and not skip & set(p.relative_to(root).parts) and ".egg-info" not in str(p)]
+    return sorted(p for p in set(listing) if p and (root / p).is_file())  # a deleted tracked file is gone
+
+
+def module_path(module, files):
+    """The file of a dotted module name among files, or None."""
+    base = module.replace(".", "/")
+    return next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in files), None)
+
+
+def imported_files(path, text, files):
+    """Files among `files` that the Python in path imports (a notebook: its code cells), packages' __init__ too."""
+    found = set()
+    for _, _, code in answer_scan.code_units(path, text):
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            for name in names:
+                parts = name.split(".")
+                found.update(filter(None, (module_path(".".join(parts[:i]), files) for i in range(1, len(parts) + 1))))
+    return found
+
+
+def left_out(root, files):
+    """{path: reason} for every file of `files` the release leaves out."""
+    out = {p: reason for p in files
+           for reason in [next((why for pattern, why in RULES if fnmatch.fnmatch(p, pattern)), None)] if reason}
+    texts = {p: (root / p).read_text() for p in files if p.endswith((".py", ".ipynb"))}
+    imports = {p: imported_files(p, t, set(files)) for p, t in texts.items()}
+    # What students run: notebooks, the capstone, scripts, helpers outside the grader, the public checks.
+    grader = {p for p in files if re.fullmatch(r"helpers/grading/[^/]+\.py", p)} - {"helpers/grading/__init__.py"}
+    reached, todo = set(), [p for p in texts if not p.startswith("tests/") and p not in grader and p not in out]
+    while todo:
+        p = todo.pop()
+        if p not in reached:
+            reached.add(p)
+            todo += imports.get(p, ())
+    out.update({p: GRADER for p in sorted(grader - reached) if p not in out})
+    changed = True
+    while changed:  # a test that imports or reads what is left out, directly or through another test module
+        changed = False
+        gone = set(out) | {d for d in {str(pathlib.PurePath(p).parent) for p in out} - {"."}
+                           if all(p in out for p in files if p.startswith(d + "/"))}
+        for p in texts:
+            if p.startswith("tests/") and p not in out and p not in SHIPS_ANYWAY:
+                missing = sorted(imports[p] & set(out)) + sorted(named_paths(texts[p]) & gone)
+                if missing:
+                    out[p], changed = f"imports or reads {missing[0]}, left out", True
+    return out
+
+
+def named_paths(text):
+    """Every string constant of a Python file that could be a path: 'solutions', 'solutions/ANSWERS.md'."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    return {n.value.strip("/") for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and re.fullmatch(r"[\w./-]+", n.value)}
+
+
+def check_out(out, root):
+    """Refuse an OUT inside the repository, or one that exists and is not an empty directory."""
+    out = pathlib.Path(out).expanduser().resolve()
+    if out == root or root in out.parents:
+        raise ReleaseError(f"OUT={out} is inside the course repository ({root}): the release must be a repository of "
+                           f"its own; pass a directory outside it, e.g. OUT=../student-repo")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "a file" if not out.is_dir() else f"a directory holding {len(list(out.iterdir()))} entries"
+        raise ReleaseError(f"OUT={out} exists and is {what}: the release is written into a new or empty directory; "
+                           f"pass a new path, or remove that one first")
+    return out
+
+
+def scan_for_answers(shipped, root, allowed=None):
+    """(findings that refuse the release, allowed findings, coverage table) for {path: text} of what ships."""
+    allowed = ALLOWED if allowed is None else allowed
+    paths = sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = {p.name: nbformat.read(p, as_version=4) for p in paths}
+    regions = answer_scan.solution_regions(notebooks)
+    texts = {p: t for p, t in shipped.items() if p.endswith(SCANNED)}
+    rows = answer_scan.measure(texts, regions)
+    found = answer_scan.findings(rows)
+    refused = [f for f in found if (f.path, f.question) not in allowed]
+    return refused, [f for f in found if (f.path, f.question) in allowed], answer_scan.coverage_table(rows)
+
+
+def refusal(refused):
+    """The error for findings: every file, where, which question; what to do."""
+    lines = "\n".join(f"  {f}" for f in refused)
+    return ReleaseError(f"refusing to release: {len(refused)} shipped file(s) carry a lab's answer\n{lines}\n"
+                        f"Rewrite that code so it does not hold the answer (a check can compare with recorded values "
+                        f"or with PyTorch), or, for a chapter that openly teaches a simpler version the lab "
+                        f"generalises, add it to ALLOWED in helpers/grading/release.py with the reason.")
+
+
+def plan(root=ROOT):
+    """({path: text or None for binary} that ships, {path: reason} left out)."""
+    files = tracked_files(root)
+    out = left_out(root, files)
+    shipped = {}
+    for p in files:
+        if p not in out:
+            try:
+                shipped[p] = (root / p).read_text()
+            except UnicodeDecodeError:
+                shipped[p] = None
+    shipped["Makefile"] = release_makefile(shipped["Makefile"], out)
+    shipped["README.md"] = release_readme(shipped["README.md"])
+    return shipped, out
+
+
+def release_makefile(text, out):
+    """The Makefile without the targets that need what is left out, nor recipe lines that run a module left out."""
+    modules = {p[:-3].replace("/", ".") for p in out if p.endswith(".py")}
+    kept, skipping = [], False
+    for line in text.splitlines():
+        target = re.match(r"^([A-Za-z][\w-]*):", line)
+        if target:
+            skipping = target[1] in DROPPED_TARGETS
+        elif skipping and line and not line.startswith("\t"):
+            skipping = False
+        if target and skipping:
+            while kept and kept[-1].startswith("#"):  # the dropped target's own comment
+                kept.pop()
+        if skipping or any(re.search(rf"-m {re.escape(m)}\b", line) for m in modules):
+            continue
+        if re.match(r'^\t@echo "make (\S+)', line) and re.match(r'^\t@echo "make (\S+)', line)[1] in DROPPED_TARGETS:
+            continue
+        if line.startswith(".PHONY:"):
+            line = " ".join(w for w in line.split() if w not in DROPPED_TARGETS)
+        kept.append(line)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)) + "\n"
+
+
+def release_readme(text):
+    """The README with a first paragraph saying what this edition is."""
+    note = (f"> **Student edition.** Written by `make release` from the course's private repository: the labs' "
+            f"solutions, the hidden tests and the grader are not here ({MANIFEST} lists what is left out and why). "
+            f"The instructors' sections below describe the private repository.\n\n")
+    title, _, rest = text.partition("\n")
+    return f"{title}\n\n{note}{rest.lstrip(chr(10))}" if title.startswith("#") else note + text
+
+
+def manifest(shipped, out, coverage, allowed_findings, source):
+    """RELEASE_MANIFEST.md: what is left out and why, and what the scan for answers measured."""
+    by_reason = {}
+    for p, reason in sorted(out.items()):
+        by_reason.setdefault(reason, []).append(p)
+    lines = [f"# What this release leaves out, and why\n",
+             f"Written by `make release` ({source}). {len(shipped)} files shipped, {len(out)} left out.\n"]
+    for reason, paths in by_reason.items():
+        lines += [f"- **{reason}**:", *[f"  - `{p}`" for p in paths]]
+    lines += ["\n## Scan for answer code\n",
+              f"Every shipped {', '.join(SCANNED)} file was compared with every solution region "
+              f"(statements through `ast`, names kept and names replaced; refused at "
+              f"{answer_scan.COVERAGE:.0%} of a region's statements in runs of {answer_scan.WINDOW}). "
+              "Allowed findings: " + (", ".join(str(f) for f in allowed_findings) or "none") + ".\n",
+              "The closest shipped files (share of a question's statements, names kept / replaced):\n",
+              "| file | question | kept | replaced |", "|---|---|---|---|"]
+    closest = sorted(coverage.items(), key=lambda item: -max(item[1]))
+    lines += [f"| `{p}` | {q} | {a:.0%} | {b:.0%} |" for (p, q), (a, b) in closest if max(a, b) >= 0.3]
+    lines.append("\nTests left out cannot run here; `make test` runs the others, every chapter included.")
+    return "\n".join(lines) + "\n"
+
+
+def source_description(root):
+    """'commit abc1234 of <root>, 2026-..', or the date alone outside git."""
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    return f"commit {head.stdout.strip()}, {when}" if head.returncode == 0 else when
+
+
+def build(out, *, root=ROOT, git=True, allowed=None):
+    """Write the release into out (new or empty, outside root); returns (out, shipped, left out)."""
+    root = pathlib.Path(root).resolve()
+    out = check_out(out, root)
+    shipped, left = plan(root)
+    refused, allowed_findings, coverage = scan_for_answers(shipped, root, allowed)
+    if refused:
+        raise refusal(refused)
+    shipped[MANIFEST] = manifest(shipped, left, coverage, allowed_findings, source_description(root))
+    for p, text in shipped.items():
+        target = out / p
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if text is None or p in ("Makefile", "README.md", MANIFEST):
+            shutil.copy2(root / p, target) if text is None else target.write_text(text)
+        else:
+            shutil.copy2(root / p, target)  # keeps the mode (scripts stay executable) and the time
+    if git and shutil.which("git"):
+        commit(out)
+    return out, shipped, left
+
+
+def commit(out):
+    """git init + one commit of everything: a history that holds nothing but the release."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": os.environ.get("GIT_AUTHOR_NAME", "course release"),
+           "GIT_AUTHOR_EMAIL": os.environ.get("GIT_AUTHOR_EMAIL", "release@localhost")}
+    env.setdefault("GIT_COMMITTER_NAME", env["GIT_AUTHOR_NAME"])
+    env.setdefault("GIT_COMMITTER_EMAIL", env["GIT_AUTHOR_EMAIL"])
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "Student release of the course"]):
+        subprocess.run(["git", *args], cwd=out, env=env, check=True, capture_output=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Write the student release of the course.")
+    parser.add_argument("--out", help="a new or empty directory outside this repository")
+    parser.add_argument("--no-git", action="store_true", help="do not git init the release")
+    parser.add_argument("--dry-run", action="store_true", help="only list what would be left out, and scan")
+    options = parser.parse_args(argv)
+    try:
+        if options.dry_run:
+            shipped, left = plan()
+            refused, allowed, coverage = scan_for_answers(shipped, ROOT)
+            print(manifest(shipped, left, coverage, allowed, source_description(ROOT)))
+            if refused:
+                raise refusal(refused)
+            return 0
+        if not options.out:
+            raise ReleaseError("no OUT: pass the directory to write, e.g. make release OUT=../student-repo")
+        out, shipped, left = build(options.out, git=not options.no_git)
+    except ReleaseError as exc:
+        print(f"make release: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}: {len(shipped)} files; left out {len(left)} ({MANIFEST} says which and why)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

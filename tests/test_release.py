@@ -1,0 +1,181 @@
+"""make release: the student repository holds no solution, probe or answer key, refuses answer code, and runs.
+
+One release is built for the module (the scan of every shipped file: about 20 s on 2 cores). Everything run inside
+it gets PYTHONPATH=<release>, so `helpers` is the release's own, never this repository's editable install.
+"""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import pytest
+
+from helpers.grading import answer_scan, release
+from helpers.grading.labgen import ROOT
+
+# Public checks that compute their expected values with a reference answer (release.py's docstring): make release
+# refuses them. The module's release is built with them accepted, to test the rest; test_nothing_is_accepted
+# fails (strict xfail) once they are fixed, so that this list is then emptied.
+PENDING = {
+    ("helpers/grading/checks/lab04/common.py", "4.1"): "a reference bucket assignment",
+    ("helpers/grading/checks/lab05/q2_step_time_and_scaling.py", "5.2"): "reference step time and efficiency",
+    ("helpers/grading/checks/lab06/q4_train_replica.py", "6.4"): "a reference training loop",
+    ("helpers/grading/checks/lab07/q1_shard_range.py", "7.1"): "_ref_shard_range",
+    ("helpers/grading/checks/lab08/common.py", "8.2"): "a reference unshard",
+    ("helpers/grading/checks/lab09/common.py", "9.1"): "reference_choose",
+}
+
+
+def regions():
+    notebooks = {p.name: nbformat.read(p, as_version=4) for p in sorted((ROOT / "solutions").glob("[0-9]*.ipynb"))}
+    return answer_scan.solution_regions(notebooks)
+
+
+def in_release(out, *args, timeout=300):
+    """Run a command inside the release with its own helpers; returns the CompletedProcess."""
+    env = {**os.environ, "PYTHONPATH": str(out)}
+    return subprocess.run(args, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release") / "student-repo"
+    found = []
+    real_scan = release.scan_for_answers
+
+    def scan(shipped, root, allowed=None):  # keep what the build accepted, for the tests below
+        refused, accepted, coverage = real_scan(shipped, root, allowed)
+        found.extend(accepted)
+        return refused, accepted, coverage
+
+    release.scan_for_answers = scan
+    try:
+        out, shipped, left = release.build(out, allowed=PENDING)
+    finally:
+        release.scan_for_answers = real_scan
+    return out, shipped, left, found
+
+
+@pytest.mark.timeout(60)
+def test_out_must_be_new_and_outside_the_repository(tmp_path, capsys):
+    with pytest.raises(release.ReleaseError, match=r"inside the course repository .* OUT=\.\./student-repo"):
+        release.check_out(ROOT / "build" / "student", ROOT)
+    (tmp_path / "old.txt").write_text("x")
+    with pytest.raises(release.ReleaseError, match=r"exists and is a directory holding 1 entries.*new path"):
+        release.check_out(tmp_path, ROOT)
+    with pytest.raises(release.ReleaseError, match=r"exists and is a file"):
+        release.check_out(tmp_path / "old.txt", ROOT)
+    assert release.check_out(tmp_path / "new", ROOT) == (tmp_path / "new").resolve()
+    assert release.main(["--out", str(ROOT / "labs")]) == 2
+    assert "make release: OUT=" in capsys.readouterr().err
+
+
+def planted_copy(region):
+    """The region with other names, no comments and other spacing: what a careless edit would ship."""
+    code = re.sub(r"\s+#.*", "", region.code)
+    for old, new in (("params", "ps"), ("size", "n"), ("rank", "r"), ("self", "unit")):
+        code = re.sub(rf"\b{old}\b", new, code)
+    return "def helper(unit, module):\n" + textwrap.indent(code.replace(", ", ","), "    ") + "\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_planted_copy_of_a_solution_refuses_the_release(tmp_path, monkeypatch):
+    region = next(r for r in regions() if r.question == "8.1")
+    leak = planted_copy(region)
+    cell = nbformat.v4.new_code_cell("%%ranks 2\n" + leak)
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A chapter"), cell])
+    shipped = {"chapters/capstone/leak.py": "import torch\n\n\n" + leak,
+               "chapters/99_leak.ipynb": nbformat.writes(notebook)}
+    monkeypatch.setattr(release, "plan", lambda root: (dict(shipped), {}))
+    out = tmp_path / "student-repo"
+    with pytest.raises(release.ReleaseError) as refused:
+        release.build(out, git=False)
+    message = str(refused.value)
+    assert "refusing to release: 2 shipped file(s)" in message
+    assert f"chapters/capstone/leak.py line 5: lab 8.1's answer ({region.where})" in message
+    assert f"chapters/99_leak.ipynb cell 1 line 3: lab 8.1's answer ({region.where})" in message
+    assert "with names changed" in message and "ALLOWED in helpers/grading/release.py" in message
+    assert not out.exists(), "nothing is written when the release is refused"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_release_holds_no_solution_probe_or_key(released):
+    out, shipped, left, _ = released
+    files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and ".git" not in p.relative_to(out).parts}
+    assert not [f for f in files if f.startswith(("solutions/", "helpers/grading/probes/", "tests/mistakes/"))]
+    assert not [f for f in files if f.endswith(("ANSWERS.md", "labgen.py", "grade.py", "probe_runtime.py"))]
+    assert {f"labs/{p.name}" for p in (ROOT / "labs").glob("*.ipynb")} <= files
+    assert "RELEASE_MANIFEST.md" in files and "`solutions/ANSWERS.md`" in (out / "RELEASE_MANIFEST.md").read_text()
+    log = subprocess.run(["git", "log", "--format=%s", "--name-only"], cwd=out, capture_output=True, text=True).stdout
+    assert log.startswith("Student release of the course") and log.count("Student release") == 1
+    assert "solutions/" not in log and "probes/" not in log
+
+
+def distinctive_line(region):
+    """The region's longest line, comment removed: the one most unlikely to occur by chance."""
+    return max((re.sub(r"\s+#.*", "", line).strip() for line in region.code.splitlines()), key=len)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_no_solution_line_appears_in_the_release(released):
+    out, *_ = released
+    texts = {str(p.relative_to(out)): p.read_text(errors="replace") for p in out.rglob("*")
+             if p.is_file() and ".git" not in p.relative_to(out).parts}
+    for region in regions():
+        line = distinctive_line(region)
+        holders = [path for path, text in texts.items() if line in text and (path, region.question) not in PENDING]
+        assert not holders, f"lab {region.question}'s line {line!r} ({region.where}) is in {holders}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="public checks of 4.1 5.2 6.4 7.1 8.2 9.1 hold reference answers (PENDING)")
+def test_nothing_is_accepted(released):
+    *_, accepted = released
+    assert not accepted, "\n".join(str(f) for f in accepted)
+
+
+RUN_LAB = r"""
+import json, os, re, sys
+import nbformat
+import helpers
+assert helpers.__file__.startswith(os.getcwd()), helpers.__file__
+os.chdir("labs")
+namespace, results = {}, {}
+for cell in nbformat.read("06_memory_anatomy.ipynb", as_version=4).cells:
+    if cell.cell_type != "code":
+        continue
+    question = re.fullmatch(r'check\("(\d+\.\d+)", globals\(\)\)', cell.source.strip())
+    if question:
+        results[question[1]] = namespace["check"](question[1], namespace).as_dict()
+    else:
+        exec(compile(cell.source, cell.id, "exec"), namespace)
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_release_runs_its_lab_checks_and_collects_its_tests(released):
+    out, *_ = released
+    lab = in_release(out, sys.executable, "-c", RUN_LAB)
+    assert lab.returncode == 0, lab.stderr[-3000:]
+    results = json.loads(lab.stdout.strip().splitlines()[-1])
+    assert set(results) == {"6.1", "6.2", "6.3", "6.4"}
+    for question, result in results.items():
+        assert result["not_implemented"] == result["total"] > 0, (question, result["lines"])
+    collected = in_release(out, sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "tests")
+    assert collected.returncode == 0, collected.stdout[-3000:]
+    makefile = (out / "Makefile").read_text()
+    for module in re.findall(r"-m (tests\.\w+|helpers\.[\w.]+|scripts\.\w+)", makefile):
+        assert release.module_path(module, {str(p.relative_to(out)) for p in out.rglob("*.py")}), module
+    for script in re.findall(r"\b(scripts/\w+\.py)", makefile):
+        assert (out / script).is_file(), script
+    dry = in_release(out, "make", "-n", "test", "VENV=.venv")
+    assert dry.returncode == 0 and "tests chapters/" in dry.stdout, dry.stderr

@@ -33,7 +33,7 @@ FORMAT ?=
 DEADLINE ?=
 TIMES ?=
 
-.PHONY: setup lab labs test bench bench-grading grade release clean help
+.PHONY: setup lab labs test bench bench-grading grade release gpu-check clean help
 
 help:
 	@echo "make lab    set up if needed, then open JupyterLab on chapter 00"
@@ -44,6 +44,8 @@ help:
 	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]: grade a class"
 	@echo "make release OUT=dir   write the student repository: no solutions, probes or answer key (a new dir)"
 	@echo "make setup  create .venv and install the course into it (idempotent) [TORCH_INDEX=url|default]"
+	@echo "make gpu-check   on a machine with GPUs: every chapter, lab solution and the capstone on NCCL ->"
+	@echo "            artifacts/gpu-check/report.md (without a GPU: says so, exits 0)"
 	@echo "make clean  remove .venv and test artifacts"
 
 setup: $(STAMP)
@@ -92,6 +94,11 @@ grade: setup
 release: setup
 	@test -n "$(OUT)" || { echo "usage: make release OUT=../student-repo (a new or empty directory outside this one)"; exit 2; }
 	$(PY) -m helpers.grading.release --out $(OUT)
+
+# Every chapter and solution under papermill with BACKEND="nccl" and world sizes capped at the GPU count, the device
+# guard in its "check" mode, then the capstone under torchrun; scripts/gpu_check.py says what the report holds.
+gpu-check: setup
+	$(PY) scripts/gpu_check.py
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -13,9 +13,27 @@ Other ops never reach Python. A TorchDispatchMode sees the same ops but intercep
 on a 3-layer MLP step it measured 1.9x to 2.8x slower, which would distort compute-vs-comm timelines.
 Consequence: while open, a ledger records the collectives of every thread of the process.
 
-Times: start is taken just before the backend is called; end when the Work's future completes
-(Gloo: the collective finished; NCCL: the work was enqueued on the GPU stream). Gloo's
-reduce-scatter (completed inside wait()) and send/recv have no future: their end stays None.
+Times (time.perf_counter() seconds), by the device of the collective's tensors:
+    CPU tensors (Gloo)   start: just before the backend is called. end: when the Work's future
+                         completes, i.e. the collective finished. Gloo's reduce-scatter (completed
+                         inside wait()) and send/recv have no future: their end stays None.
+    CUDA tensors (NCCL)  The host only enqueues the work, so host clocks would time the enqueue. The
+                         times come from CUDA events instead (class CudaClock), resolved when the
+                         ledger exits (which waits for its collectives to finish on the GPU):
+                         ready: an event on the current stream before the call (NCCL's stream waits
+                           for this point: the inputs are computed);
+                         end: an event recorded in a callback of the Work's future, which torch runs
+                           with current streams that wait for the collective's kernels
+                           (torch/futures/__init__.py, Future.then), so it completes when the bytes
+                           have moved;
+                         start = max(ready, end of the previous collective on the same group):
+                           ProcessGroupNCCL runs one group's collectives in order on one stream.
+                         Point-to-point ops (own NCCL streams) get start = ready.
+                         The GPU clock is tied to perf_counter by an anchor event recorded on an idle
+                         device (one torch.cuda.synchronize at the first CUDA record, or at entry when
+                         CUDA is already initialised); error: tens of microseconds.
+tests/test_comm.py runs the CUDA branch on a CPU with fake events (the arithmetic and the callback
+wiring); only `make gpu-check` runs it with real CUDA events.
 
 Byte conventions (exact integers, rounded down; N = group size; payload = the logical tensor):
     op              payload_bytes                      wire_bytes (bytes this rank sends)
@@ -46,7 +64,7 @@ import time
 
 import torch
 
-__all__ = ["CommLedger", "CommRecord", "wire_bytes"]
+__all__ = ["CommLedger", "CommRecord", "CudaClock", "wire_bytes"]
 
 # c10d op -> (ledger op, index of the argument holding the logical tensor(s), times N?).
 # gather_/scatter_ hold the full list only on the root, so every rank counts N x its own block.
@@ -73,6 +91,9 @@ _C10D_OPS = {
     "monitored_barrier_": ("barrier", None, False),
 }
 
+_P2P = {"send", "recv"}
+# Frames of the ledger and of the device guard (a TorchFunctionMode that sees dist.all_reduce) are not call sites.
+_OWN_FILES = {__file__, os.path.join(os.path.dirname(__file__), "device_guard.py")}
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _AUTOGRAD_DIR = os.path.join(_TORCH_DIR, "autograd") + os.sep
 
@@ -110,6 +131,7 @@ class CommRecord:
     end: float | None = None  # None while running, or when the backend gives no completion signal
     label: str | None = None
     c10d_op: str = ""
+    device: str | None = None  # "cpu", "cuda:1": where the collective's tensors were
 
     def as_dict(self) -> dict:
         """The record as a plain dict."""
@@ -134,12 +156,13 @@ def _group_size(args) -> int:
 def _call_site() -> str | None:
     """'file:line in function' of the innermost frame outside torch; None when C++ issued the call."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename == __file__:
+    while frame is not None and frame.f_code.co_filename in _OWN_FILES:
         frame = frame.f_back
     # Backward's entry frame is the caller only when a C++ autograd hook (DDP's Reducer) issued it.
     if frame is None or frame.f_code.co_filename.startswith(_AUTOGRAD_DIR):
         return None
-    while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
+                                 or frame.f_code.co_filename in _OWN_FILES):
         frame = frame.f_back
     if frame is None:
         return None
@@ -157,7 +180,90 @@ def _make_record(op_name: str, spec: tuple, args: tuple) -> CommRecord:
         op=op, dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else None,
         numel=sum(t.numel() for t in tensors) * scale, payload_bytes=payload,
         wire_bytes=wire_bytes(op, payload, n), group_size=n, call_site=_call_site(),
-        start=0.0, c10d_op=op_name)
+        start=0.0, c10d_op=op_name, device=str(tensors[0].device) if tensors else None)
+
+
+def _cuda_device(tensors: list) -> int | None:
+    """Index of the CUDA device a collective's tensors are on; None for CPU tensors."""
+    return next((t.device.index for t in tensors if t.is_cuda), None)
+
+
+class CudaClock:
+    """GPU time as time.perf_counter() seconds, from CUDA timing events (module docstring, Times)."""
+
+    def __init__(self, cuda=torch.cuda):
+        self.cuda = cuda  # torch.cuda; tests pass a fake with Event, current_stream and synchronize
+        self.anchors: dict = {}  # device index -> (event recorded on an idle device, its perf_counter time)
+
+    def anchor(self, device: int) -> None:
+        """Tie the device's clock to perf_counter once: record an event on an idle device, wait for it."""
+        if device in self.anchors:
+            return
+        self.cuda.synchronize(device)
+        event = self.event(device)
+        event.synchronize()
+        self.anchors[device] = (event, time.perf_counter())
+
+    def event(self, device: int):
+        """A timing event recorded now on the device's current stream."""
+        event = self.cuda.Event(enable_timing=True)
+        event.record(self.cuda.current_stream(device))
+        return event
+
+    def seconds(self, device: int, event) -> float:
+        """perf_counter time at which a recorded event completed (waits until it has)."""
+        anchor, at = self.anchors[device]
+        event.synchronize()
+        return at + anchor.elapsed_time(event) / 1000.0
+
+
+_clock = CudaClock()
+
+
+_last_on_stream: dict = {}  # (group name, device) -> its latest _CudaTiming: NCCL's stream for that group
+
+
+class _CudaTiming:
+    """One CUDA collective's events, turned into its records' start and end when a ledger exits."""
+
+    def __init__(self, records: list, device: int, ready, previous):
+        self.records, self.device, self.ready = records, device, ready
+        self.previous = previous  # the collective issued before it on the same NCCL stream (None: p2p, first)
+        self.end_event = None  # set by the Work future's callback; None when the work has no future
+        self.start = self.end = None
+        self.resolved = False
+
+    def resolve(self) -> None:
+        """Stamp start and end, after every unresolved collective before it on its stream."""
+        chain = [self]
+        while chain[-1].previous is not None and not chain[-1].previous.resolved:
+            chain.append(chain[-1].previous)
+        for timing in reversed(chain):  # oldest first; iterative, however long the chain
+            timing._stamp()
+
+    def _stamp(self) -> None:
+        if self.resolved:
+            return
+        start = _clock.seconds(self.device, self.ready)
+        if self.previous is not None and self.previous.end is not None:
+            start = max(start, self.previous.end)  # the stream was busy with the previous collective
+        self.previous = None  # resolved: let the chain be freed
+        self.start = start
+        self.end = _clock.seconds(self.device, self.end_event) if self.end_event is not None else None
+        for r in self.records:
+            r.start, r.end = self.start, self.end
+        self.resolved = True
+
+
+def _cuda_timing(records: list, device: int, ready, args: tuple, op: str) -> _CudaTiming:
+    """A timing for a CUDA collective just enqueued, chained to the previous one on its stream."""
+    if op in _P2P:  # ProcessGroupNCCL runs point-to-point ops on streams of their own
+        return _CudaTiming(records, device, ready, None)
+    group = next(a for a in args if isinstance(a, torch.ScriptObject))
+    key = (torch._C._distributed_c10d.ProcessGroup.unbox(group).group_name, device)
+    timing = _CudaTiming(records, device, ready, _last_on_stream.get(key))
+    _last_on_stream[key] = timing
+    return timing
 
 
 def _set_end(records: list) -> None:
@@ -167,14 +273,33 @@ def _set_end(records: list) -> None:
         r.end = now
 
 
-def _watch(records: list, out):
-    """Set the records' end time when the work completes; return (work future, callback future)."""
+def _work_future(out):
+    """The Work's future among a c10d op's outputs; None when the backend gives none."""
     work = out[-1] if isinstance(out, tuple) else out
     try:
-        future = torch._C._distributed_c10d.Work.unbox(work).get_future()
+        return torch._C._distributed_c10d.Work.unbox(work).get_future()
     except RuntimeError:
         return None  # Gloo's reduce-scatter (completes inside wait()) and send/recv have none
+
+
+def _watch(records: list, out):
+    """Set the records' end time when the work completes; return (work future, callback future)."""
+    future = _work_future(out)
+    if future is None:
+        return None
     return future, future.then(lambda _future: _set_end(records))
+
+
+def _watch_cuda(timing: _CudaTiming, out):
+    """Record the end event in the future's callback, where current streams wait for the collective."""
+    future = _work_future(out)
+    if future is None:
+        return None
+
+    def record_end(_future):
+        timing.end_event = _clock.event(timing.device)
+
+    return future, future.then(record_end)
 
 
 def _kernel(op, spec):
@@ -187,6 +312,14 @@ def _kernel(op, spec):
         if not ledgers or getattr(_local, "inside", False):
             return op.redispatch(keyset & below, *args, **kwargs)
         record = _make_record(name, spec, args)
+        tensors = _tensors(args)
+        for ledger in ledgers:
+            if ledger._check is not None:  # the device guard (helpers.device_guard) may refuse the call
+                ledger._check(record.op, tensors, record.call_site)
+        device = _cuda_device(tensors)
+        if device is not None:
+            _clock.anchor(device)  # a no-op after the first CUDA collective of the process
+            ready = _clock.event(device)
         _local.inside = True  # a c10d kernel that called another c10d op must not count twice
         try:
             start = time.perf_counter()
@@ -197,7 +330,13 @@ def _kernel(op, spec):
         records = [dataclasses.replace(record, start=start, label=ledger._label) for ledger in ledgers]
         for ledger, r in zip(ledgers, records):
             ledger.records.append(r)
-        watched = _watch(records, out)
+        if device is None:
+            watched = _watch(records, out)
+        else:
+            timing = _cuda_timing(records, device, ready, args, record.op)
+            watched = _watch_cuda(timing, out)
+            for ledger in ledgers:
+                ledger._cuda.append(timing)
         if watched:
             for ledger in ledgers:
                 ledger._pending.append(watched)
@@ -225,14 +364,19 @@ def _uninstall() -> None:
 class CommLedger:
     """Context manager recording every collective this process issues, PyTorch's own included."""
 
-    def __init__(self):
+    def __init__(self, check=None):
         self.records: list[CommRecord] = []
         self._label: str | None = None
         self._pending: list = []  # (work future, end-stamping callback future)
+        self._cuda: list[_CudaTiming] = []  # CUDA collectives, timed when the ledger exits
+        # check(op, tensors, call_site) runs before every collective and may raise to refuse it.
+        self._check = check
 
     def __enter__(self) -> CommLedger:
         if self in _active:
             raise RuntimeError("this CommLedger is already recording; nest a new CommLedger() instead")
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            _clock.anchor(torch.cuda.current_device())  # now, not in the middle of the first collective
         if not _active:
             _install()
         _active.append(self)
@@ -245,6 +389,9 @@ class CommLedger:
             if future.done():
                 stamped.wait()
         self._pending.clear()
+        for timing in self._cuda:  # in the order the collectives were issued
+            timing.resolve()
+        self._cuda.clear()
         _active.remove(self)
         if not _active:
             _uninstall()

@@ -23,6 +23,7 @@ import threading
 import cloudpickle
 import torch.distributed as dist
 
+from helpers import device_guard
 from helpers.backend import gpu_count, select_backend
 from helpers.errors import LaunchError
 from helpers.run import Run
@@ -52,7 +53,11 @@ class Runtime:
         """What every rank of one call needs to know, as plain data."""
         return {"host": "127.0.0.1", "port": self.store.port, "backend": backend,
                 "prefix": f"launch/{os.getpid()}/{next(self.calls)}/", "hang_timeout": hang_timeout,
-                "timeout_margin": TIMEOUT_MARGIN_S, "threads": 1, "call": call}
+                "timeout_margin": TIMEOUT_MARGIN_S, "threads": 1, "call": call,
+                # read here, in the kernel: the forkserver's environment is as old as the forkserver
+                "device_guard": device_guard.mode_from_env(),
+                # a directory: every rank appends its device and its collectives there (make gpu-check)
+                "collective_log": os.environ.get("DP_COURSE_COLLECTIVE_LOG", "")}
 
 
 _runtime = None

@@ -5,7 +5,9 @@ Protocol on the duplex connection to the kernel (tuples, first item the kind):
                     ("unpicklable", info) | ("stuck", report) | ("report", report)
   kernel -> worker: ("report",) asks for the current state, ("exit",) releases a finished rank.
 """
+import contextlib
 import datetime
+import json
 import os
 import signal
 import sys
@@ -17,6 +19,9 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from helpers import device_guard
+from helpers.backend import process_group_backend
+from helpers.comm import CommLedger
 from helpers.hang import describe_main_thread
 
 # How often the watchdog looks at the main thread (seconds): small next to any hang_timeout.
@@ -96,8 +101,13 @@ class RankState:
         """Collectives this rank has issued on the default group (Gloo and NCCL count them)."""
         if not dist.is_initialized():
             return 0
+        group = dist.distributed_c10d._get_default_group()
         try:
-            return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+            if dist.get_backend() != process_group_backend("nccl"):
+                return group._get_sequence_number_for_group()
+            # Device-mapped group: CPU tensors go to its Gloo backend, CUDA tensors to its NCCL one.
+            backends = (group._get_backend(torch.device(d)) for d in ("cpu", "cuda"))
+            return sum(b._get_sequence_number_for_group() for b in backends)
         except RuntimeError:  # a backend without sequence numbers
             return -1
 
@@ -136,8 +146,35 @@ def init_group(rank, world_size, spec):
         # One GPU per rank: without set_device every rank would pile onto cuda:0.
         device_id = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device_id)
-    dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=world_size,
-                            timeout=timeout, device_id=device_id)
+    # "nccl" joins a device-mapped group (helpers.backend): CUDA tensors over NCCL, CPU tensors over Gloo.
+    dist.init_process_group(process_group_backend(spec["backend"]), store=store, rank=rank,
+                            world_size=world_size, timeout=timeout, device_id=device_id)
+
+
+def run_call(fn, args, kwargs, rank, spec):
+    """fn(*args, **kwargs), under the device guard and the collective log when the kernel asked for them."""
+    with contextlib.ExitStack() as stack:
+        if spec.get("device_guard"):  # DP_COURSE_DEVICE_GUARD in the kernel (helpers.device_guard)
+            stack.enter_context(device_guard.Guard(spec["device_guard"], shipped=(args, kwargs)))
+        ledger = stack.enter_context(CommLedger()) if spec.get("collective_log") else None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if ledger is not None:
+                stack.close()  # the ledger's exit stamps the times (CUDA events) before they are written
+                write_collective_log(spec["collective_log"], spec["prefix"], rank, ledger.records)
+
+
+def write_collective_log(directory, prefix, rank, records):
+    """Append this rank's device and collectives to a JSON-lines file (DP_COURSE_COLLECTIVE_LOG, make gpu-check)."""
+    from helpers.backend import rank_device
+
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{prefix.strip('/').replace('/', '-')}-rank{rank}.jsonl")
+    with open(path, "a") as f:
+        f.write(json.dumps({"rank": rank, "rank_device": str(rank_device())}) + "\n")
+        for r in records:
+            f.write(json.dumps({"rank": rank, **r.as_dict()}) + "\n")
 
 
 def error_info(exc):
@@ -162,7 +199,7 @@ def main(rank, world_size, spec, conn):
         init_group(rank, world_size, spec)
         state.phase = "running"
         fn, args, kwargs = cloudpickle.loads(spec["call"])
-        result = fn(*args, **kwargs)
+        result = run_call(fn, args, kwargs, rank, spec)
     except BaseException as exc:  # noqa: BLE001 - everything a rank raises goes to the kernel
         state.phase = "finished"
         release_output(pumps)

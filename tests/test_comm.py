@@ -2,7 +2,9 @@
 import contextlib
 import linecache
 import pickle
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -290,3 +292,105 @@ def _many_bucket_steps():
 def test_finished_work_always_has_its_end_time_at_exit():
     # A future's waiters can wake before its callbacks ran; the ledger must wait for the stamp.
     assert launch(_many_bucket_steps, 2, hang_timeout=HANG_S) == [0, 0]
+
+
+# --- CUDA collectives timed by CUDA events (issue 16, item 3): the branch run on a CPU with fake events ---
+
+class FakeEvent:
+    """A CUDA timing event whose GPU time is the host's perf_counter when recorded (milliseconds)."""
+
+    log: list = []  # (event, name of the function that recorded it)
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.ms = None
+
+    def record(self, stream=None):
+        assert stream == "stream of cuda:0"
+        self.ms = time.perf_counter() * 1000.0
+        FakeEvent.log.append((self, sys._getframe(2).f_code.co_name))  # caller of CudaClock.event
+
+    def synchronize(self):
+        assert self.ms is not None, "synchronize() on an event never recorded"
+
+    def elapsed_time(self, end):
+        return end.ms - self.ms
+
+
+class FakeCuda:
+    """The three torch.cuda names CudaClock uses."""
+
+    Event = FakeEvent
+
+    @staticmethod
+    def synchronize(device):
+        assert device == 0
+
+    @staticmethod
+    def current_stream(device):
+        return f"stream of cuda:{device}"
+
+
+def _fake_cuda_collectives():
+    from helpers import comm
+
+    comm._clock = comm.CudaClock(FakeCuda())
+    comm._cuda_device = lambda tensors: 0  # take the CUDA branch with CPU tensors (Gloo does the work)
+    t = torch.ones(1000)
+    with CommLedger() as outer:
+        dist.all_reduce(t)
+        with CommLedger() as inner:
+            work = dist.all_reduce(t, async_op=True)
+            dist.broadcast(t, src=0)  # issued while the all-reduce may still run: same group, same stream
+            work.wait()
+            assert outer.records[1].end is None  # times come from events when a ledger exits
+    # The inner ledger's exit resolved the first all-reduce too: its end bounds the next one's start.
+    assert all(r.end is not None for r in outer.records)
+    events = [(e.ms / 1000.0, who) for e, who in FakeEvent.log]
+    return outer.records, inner.records, events
+
+
+@pytest.mark.timeout(60)
+def test_cuda_collectives_are_timed_by_events_recorded_after_the_work():
+    outer, inner, events = launch(_fake_cuda_collectives, 1, hang_timeout=HANG_S)[0]
+    # One anchor, then per collective a ready event (before the call) and an end event (Work callback).
+    whos = [who for _, who in events]
+    assert whos[0] == "anchor" and whos.count("kernel") == 3 and whos.count("record_end") == 3, whos
+    ends = sorted(t for t, who in events if who == "record_end")
+    assert len(ends) == 3 and len(outer) == 3 and [r.op for r in outer] == ["all_reduce", "all_reduce", "broadcast"]
+    anchor_s = events[0][0]
+    for r in outer:
+        assert r.end is not None and r.start <= r.end
+    # Each end is an end event's time, moved onto perf_counter by the anchor (within its sync gap).
+    assert all(min(abs(r.end - e) for e in ends) < 0.05 for r in outer)
+    # Same group, one NCCL stream: a collective starts no earlier than the previous one ended.
+    assert outer[1].start >= outer[0].end and outer[2].start >= outer[1].end
+    # Nested ledgers carry the same times; the device is recorded.
+    assert [(r.start, r.end) for r in inner] == [(r.start, r.end) for r in outer[1:]]
+    assert all(r.device == "cpu" for r in outer) and anchor_s <= outer[0].start + 0.05
+
+
+def test_cuda_timings_on_one_stream_chain_without_recursion():
+    from helpers import comm
+
+    class Clock:  # seconds(event) is the event itself: a number
+        def seconds(self, device, event):
+            return event
+
+    saved, comm._clock = comm._clock, Clock()
+    try:
+        previous, chain = None, []
+        for i in range(5000):  # ready at i, ends at i + 2: each waits for the one before on its stream
+            timing = comm._CudaTiming([CommRecord("all_reduce", "float32", 1, 4, 4, 2, None, 0.0)], 0, float(i),
+                                      previous)
+            timing.end_event = float(i + 2)
+            chain.append(timing)
+            previous = timing
+        p2p = comm._CudaTiming([CommRecord("send", "float32", 1, 4, 4, 2, None, 0.0)], 0, 1.0, None)
+        p2p.end_event = 1.5
+        chain[-1].resolve()  # the newest first: resolves the whole chain, oldest first, iteratively
+        p2p.resolve()
+    finally:
+        comm._clock = saved
+    assert [(t.records[0].start, t.records[0].end) for t in chain[:2]] == [(0.0, 2.0), (2.0, 3.0)]
+    assert p2p.records[0].start == 1.0 and p2p.records[0].end == 1.5

@@ -44,6 +44,16 @@ def run_failed(exc, hint="", what=""):
     return failure
 
 
+# Checks and probes run on Gloo on every machine, a GPU box included: their reference values are computed on the
+# CPU, their tensors are small (NCCL would add CUDA start-up to every check), and a verdict must not depend on
+# the machine that grades. The GPU path of the same code is run by `make gpu-check` (helpers/gpu_check.py).
+def launch_gloo(fn, world_size, *, args=(), hang_timeout=30.0, **kwargs):
+    """helpers.launch on Gloo ranks: what every check and probe uses."""
+    from helpers.launch import launch
+
+    return launch(fn, world_size, args=args, hang_timeout=hang_timeout, **{**kwargs, "backend": "gloo"})
+
+
 def launch_on_gloo(fn, world_size, args, hang_timeout, hint="", what=""):
     """Run fn on Gloo ranks for a check; a hang or a dead rank becomes a RunFailed that says what to look at."""
     from helpers.errors import (  # here, so that importing this module stays light

@@ -4,7 +4,7 @@ from helpers.grading.probes import Probe
 SETUP = '''
 import torch as _probe_torch
 import torch.distributed as _probe_dist
-from helpers import launch as _probe_launch
+from helpers.grading.shared_run import launch_gloo as _probe_launch
 
 def _probe_grads(seed, shapes):
     g = _probe_torch.Generator().manual_seed(_PROBE_SEED + seed)

@@ -6,7 +6,7 @@ from helpers.grading.probes import Probe
 SETUP = '''
 import torch as _probe_torch
 import torch.distributed as _probe_dist
-from helpers import launch as _probe_launch
+from helpers.grading.shared_run import launch_gloo as _probe_launch
 # Inputs scale with the question's secret seed: an output memorised for one call is worth nothing.
 _probe_s = 1 + (_PROBE_SEED % 997) / 997
 

@@ -7,7 +7,7 @@ SETUP = '''
 import torch as _probe_torch
 import torch.distributed as _probe_dist
 from torch import nn as _probe_nn
-from helpers import launch as _probe_launch
+from helpers.grading.shared_run import launch_gloo as _probe_launch
 from helpers.comm import CommLedger as _probe_Ledger
 from helpers.grading.checks.lab08.common import _ref_init as _probe_ref_init, _ref_unshard as _probe_ref_unshard
 

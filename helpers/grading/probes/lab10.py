@@ -12,7 +12,7 @@ from helpers.grading.probes import Probe
 SETUP = '''
 import torch as _probe_torch
 import torch.distributed as _probe_dist
-from helpers import launch as _probe_launch
+from helpers.grading.shared_run import launch_gloo as _probe_launch
 from helpers.grading.checks.lab10 import q3_train_gpt as _probe_lab10
 
 

@@ -22,9 +22,9 @@ P2P_OPS = {"send", "recv"}
 # --- running on ranks ------------------------------------------------------------------------------
 
 def _launch(fn, world_size, args, what):
-    """launch(), with a hang turned into a failure that quotes the launcher's report."""
+    """launch() on Gloo ranks, like every lab's checks; a hang becomes a failure quoting the launcher's report."""
     try:
-        return launch(fn, world_size, args=args, hang_timeout=HANG_TIMEOUT_S)
+        return launch(fn, world_size, args=args, backend="gloo", hang_timeout=HANG_TIMEOUT_S)
     except CollectiveHang as exc:
         raise RunFailed(
             f"{what} hung at world size {world_size}: a deadlock. "

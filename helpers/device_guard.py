@@ -1,0 +1,256 @@
+"""The device guard: on a CPU machine, fail a collective that would get a CPU tensor on a GPU machine.
+
+On a GPU machine rank_device() is the rank's GPU, and a tensor made without device= stays in host
+memory: NCCL refuses it. On a CPU machine both are the CPU, so such a mistake is invisible. The guard
+makes it visible, in the ranks of `helpers.launch`, when the kernel sets DP_COURSE_DEVICE_GUARD:
+
+    DP_COURSE_DEVICE_GUARD   rank_device() returns       a collective fails when one of its tensors ...
+    "pretend" (CPU machine)  SENTINEL = cpu:0            ... was made in host memory (below)
+    "check"   (any machine)  the real device             ... has tensor.device != rank_device()
+On a machine with GPUs use "check": the real devices tell. Under "pretend", tensors live on the CPU and
+carry real values (every assert of a cell still runs); a TorchFunctionMode follows where each tensor
+would live on a GPU machine, by the rules CUDA follows:
+    made by a factory (randn, zeros, tensor, nn.Linear's empty, ...) without device=rank_device() -> host
+    shipped to the rank (launch's args and kwargs)                                               -> host
+    .to(rank_device()) of a host tensor -> a new tensor on the device (the old one stays host); .cpu() -> host
+    any other op -> host when every tensor input is host (p.grad follows p; param.data = x follows x)
+    made by torch.distributed's own code (object collectives, DTensor) -> where torch put it: trusted
+Also DistributedDataParallel refuses a module with host parameters (its C++ buckets are not followed).
+
+Cannot catch: tensors made in C++ outside these rules (trusted), globals a rank function captures from
+the notebook (not followed), CPU-only code in the kernel rather than in a rank (nn.DataParallel), a
+"cpu" DeviceMesh (its tensors are followed, its device string is not), and code that compares
+`t.device == rank_device()` (cpu != cpu:0 under "pretend"). Those are found by `scan_source`, which
+reads cells for GPU-only APIs without a guard and for literal CPU devices. Diagnostic tool: it patches
+nn.Parameter.__new__ and DDP's constructor in the rank process while it runs, and says so here.
+"""
+import ast
+import os
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+
+ENV = "DP_COURSE_DEVICE_GUARD"
+MODES = ("", "pretend", "check")
+SENTINEL = torch.device("cpu", 0)  # what rank_device() returns under "pretend"; tensor.device stays "cpu"
+_HOST = "_dp_course_host"  # attribute on a tensor that would live in host memory on a GPU machine
+_TORCH_DISTRIBUTED = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
+FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "linspace",
+             "logspace", "eye", "tensor", "as_tensor", "from_numpy", "frombuffer", "empty_strided", "normal",
+             "scalar_tensor", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+             "randint_like"}
+
+_mode = ""
+# Tensor properties reach a TorchFunctionMode as method-wrappers, new objects each time: compare with ==.
+_DATA_SET, _GRAD_GET, _GRAD_SET = torch.Tensor.data.__set__, torch.Tensor.grad.__get__, torch.Tensor.grad.__set__
+
+
+class DeviceGuardError(RuntimeError):
+    """A collective got a tensor that would not be on rank_device() on a GPU machine."""
+
+
+def mode_from_env():
+    """The mode the kernel asks for (read in the kernel: the forkserver's environment is older)."""
+    mode = os.environ.get(ENV, "")
+    if mode not in MODES:
+        raise ValueError(f"{ENV}={mode!r} is not one of {MODES}; use 'pretend' on a CPU machine, "
+                         "'check' on a GPU machine, or unset it")
+    return mode
+
+
+def pretending():
+    """Whether rank_device() should return SENTINEL in this process."""
+    return _mode == "pretend"
+
+
+def is_host(t):
+    """Whether the guard judges that tensor t would be in host memory on a GPU machine."""
+    return bool(getattr(t, _HOST, False))
+
+
+def _mark(tensors, host):
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            setattr(t, _HOST, host)
+
+
+def _flat(x):
+    return [t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+class Placement(TorchFunctionMode):
+    """Follow, tensor by tensor, whether it would be in host memory on a GPU machine (module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if func in (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda):
+            return self._move(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if func == _DATA_SET or func == _GRAD_SET:
+            _mark([args[0]], is_host(args[1]))
+        elif func == _GRAD_GET and out is not None:
+            _mark([out], is_host(args[0]))
+        elif name in FACTORIES:
+            self._made(name, args, kwargs, out)
+        else:
+            inputs = _flat((args, kwargs))
+            fresh = [t for t in _flat(out) if all(t is not i for i in inputs)]  # in-place results keep theirs
+            _mark(fresh, bool(inputs) and all(is_host(t) for t in inputs))
+        return out
+
+    @staticmethod
+    def _made(name, args, kwargs, out):
+        import sys
+
+        caller = sys._getframe(2).f_code.co_filename
+        if caller.startswith(_TORCH_DISTRIBUTED):
+            return  # torch.distributed chose the device itself (object collectives, DTensor): trusted
+        device = kwargs.get("device")
+        if device is None and name.endswith("_like"):
+            _mark(_flat(out), is_host(args[0]))
+            return
+        _mark(_flat(out), device is None or torch.device(device) != SENTINEL)
+
+    @staticmethod
+    def _move(func, args, kwargs):
+        t = args[0]
+        if func is torch.Tensor.cpu:
+            target_host = True
+        elif func is torch.Tensor.cuda:
+            target_host = False
+        elif args[1:] and isinstance(args[1], torch.Tensor):
+            target_host = is_host(args[1])
+        else:
+            device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
+            target_host = is_host(t) if device is None else torch.device(device) != SENTINEL
+        if target_host == is_host(t):
+            out = func(*args, **kwargs)
+        else:  # a GPU machine copies across devices; so do we, and the source keeps its own mark
+            out = torch.Tensor.to(t, *args[1:], **{**kwargs, "copy": True}) if func is torch.Tensor.to \
+                else t.clone()
+        _mark([out], target_host)
+        return out
+
+
+def _object_collective():
+    """Whether torch.distributed's object collectives issue this call: they choose their device themselves."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_TORCH_DISTRIBUTED) and "_object" in frame.f_code.co_name:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def check_collective(op, tensors, call_site):
+    """Raise DeviceGuardError when one of a collective's tensors is not where rank_device() says."""
+    from helpers.backend import rank_device
+
+    if _object_collective():
+        return
+    expected = rank_device()
+    for t in tensors:
+        wrong = is_host(t) if _mode == "pretend" else t.device != expected
+        if wrong:
+            where = "made in host memory (the CPU)" if _mode == "pretend" else f"on {t.device}"
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            site = f" at {call_site}" if call_site else " (issued by PyTorch)"
+            raise DeviceGuardError(
+                f"rank {rank}: {op}{site} got a {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} tensor "
+                f"{where}, which NCCL refuses on a GPU machine; create it with device=rank_device() "
+                f"or move it with .to(rank_device()) (the model too: model.to(rank_device()))")
+
+
+def _checked_ddp_init(original):
+    def __init__(self, module, *args, **kwargs):
+        host = [n for n, p in module.named_parameters() if is_host(p)]
+        if host:
+            raise DeviceGuardError(
+                f"DistributedDataParallel got a module whose parameters are in host memory ({host[0]}, ...); "
+                f"NCCL refuses them on a GPU machine: pass model.to(rank_device())")
+        original(self, module, *args, **kwargs)
+    return __init__
+
+
+class Guard:
+    """The guard in one rank, for the duration of the rank function (`with Guard(mode, args):`)."""
+
+    def __init__(self, mode, shipped=()):
+        self.mode = mode
+        self.shipped = shipped
+        self._undo = []
+
+    def __enter__(self):
+        global _mode
+        from helpers.comm import CommLedger
+
+        _mode = self.mode
+        self.ledger = CommLedger(check=check_collective).__enter__()
+        if self.mode == "pretend":
+            _mark(_flat(self.shipped), True)
+            for m in (x for x in torch.utils._pytree.tree_leaves(self.shipped) if isinstance(x, nn.Module)):
+                _mark(list(m.parameters()) + list(m.buffers()), True)
+            self._patch(nn.Parameter, "__new__", _parameter_new(nn.Parameter.__new__))
+            ddp = torch.nn.parallel.DistributedDataParallel
+            self._patch(ddp, "__init__", _checked_ddp_init(ddp.__init__))
+            self.placement = Placement().__enter__()
+        return self
+
+    def _patch(self, owner, name, value):
+        self._undo.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, value)
+
+    def __exit__(self, *exc):
+        global _mode
+        if self.mode == "pretend":
+            self.placement.__exit__(*exc)
+        for owner, name, value in reversed(self._undo):
+            setattr(owner, name, value)
+        self.ledger.__exit__(*exc)
+        _mode = ""
+        return False
+
+
+def _parameter_new(original):
+    def __new__(cls, data=None, requires_grad=True):
+        p = original(cls, data, requires_grad)
+        if data is not None:
+            _mark([p], is_host(data))
+        return p
+    return staticmethod(__new__)
+
+
+# --- the static half: what the runtime guard cannot see, read from a cell's source ---------------------
+
+_GPU_ONLY = ("DataParallel", "max_memory_allocated", "reset_peak_memory_stats", "synchronize", "Event",
+             "Stream", "current_stream", "set_device", "cuda")
+_GUARDS = ("is_available", "is_cuda", "device_count", "rank_device", "uses_nccl", "skip")
+
+
+def scan_source(source):
+    """[(line, what is wrong)] in one cell: GPU-only APIs without a guard, literal CPU devices and meshes."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics: scan the cell without its %-lines
+        tree = ast.parse("\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines()))
+    guarded = any(g in source for g in _GUARDS)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        text = ast.unparse(node.func)
+        if name == "init_device_mesh" and node.args and isinstance(node.args[0], ast.Constant):
+            found.append((node.lineno, f"init_device_mesh({node.args[0].value!r}, ...): "
+                                       "pass rank_device().type"))
+        elif name in _GPU_ONLY and ("cuda" in text or name == "DataParallel") and not guarded:
+            found.append((node.lineno, f"{text}(...) needs a GPU: guard it with torch.cuda.is_available() "
+                                       "and say what the CPU run shows instead"))
+        for kw in node.keywords:
+            if kw.arg == "device" and isinstance(kw.value, ast.Constant) and kw.value.value == "cpu":
+                found.append((node.lineno, f"{text}(device='cpu'): pass device=rank_device()"))
+    return found

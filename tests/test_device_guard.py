@@ -1,0 +1,121 @@
+"""The CPU-side device guard (helpers.device_guard): planted CPU-only rank functions fail, correct ones pass."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from helpers import RankFailed, device_guard, launch
+from helpers.backend import rank_device
+from helpers.device_guard import SENTINEL, Guard, is_host, scan_source
+
+HANG_S = 30.0
+
+
+def correct():
+    """Model, data and every collective's tensor on rank_device(); DDP and an object collective too."""
+    dev = rank_device()
+    model = nn.Linear(4, 2).to(dev)
+    model(torch.randn(3, 4, device=dev)).sum().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    counts = torch.ones(2, device=dev)
+    dist.all_reduce(counts)
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, dist.get_rank())  # torch picks this one's device itself
+    return counts.tolist(), ranks, str(dev)
+
+
+def data_made_on_the_cpu():
+    """chapter 02's rank_data before the fix: torch.arange without a device."""
+    dist.all_reduce(torch.arange(4.0))
+
+
+def model_made_on_the_cpu():
+    """The data is right, the model is not: its gradients stay on the CPU."""
+    model = nn.Linear(4, 2)
+    model(torch.randn(3, 4, device=rank_device())).sum().backward()
+    dist.all_reduce(model.weight.grad)
+
+
+def ddp_of_a_cpu_model():
+    nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+
+
+def shipped_tensor(t):
+    """A tensor made in the kernel arrives in host memory: it must be moved."""
+    dist.broadcast(t, src=0)
+
+
+@pytest.mark.timeout(120)
+def test_pretend_fails_planted_cpu_only_rank_functions(monkeypatch):
+    monkeypatch.setenv(device_guard.ENV, "pretend")
+    assert launch(correct, 2, hang_timeout=HANG_S) == [([2.0, 2.0], [0, 1], "cpu:0")] * 2
+    for planted, line in [(data_made_on_the_cpu, "dist.all_reduce(torch.arange(4.0))"),
+                          (model_made_on_the_cpu, "dist.all_reduce(model.weight.grad)"),
+                          (ddp_of_a_cpu_model, "nn.parallel.DistributedDataParallel(nn.Linear(4, 2))")]:
+        with pytest.raises(RankFailed, match="DeviceGuardError") as failure:
+            launch(planted, 2, hang_timeout=HANG_S)
+        message = str(failure.value)
+        assert "rank_device()" in message and line in message, message
+    with pytest.raises(RankFailed, match=r"broadcast at .*test_device_guard.py:\d+ in shipped_tensor got a \(3,\) "
+                                         r"float32 tensor made in host memory"):
+        launch(shipped_tensor, 2, args=(torch.zeros(3),), hang_timeout=HANG_S)
+
+
+@pytest.mark.timeout(60)
+def test_unset_guard_changes_nothing(monkeypatch):
+    monkeypatch.delenv(device_guard.ENV, raising=False)
+    assert launch(data_made_on_the_cpu, 2, hang_timeout=HANG_S) == [None, None]
+
+
+def meta_tensor_collective():
+    dist.all_reduce(torch.ones(2, device="meta"))
+
+
+@pytest.mark.timeout(60)
+def test_check_mode_compares_real_devices(monkeypatch):
+    # "check" is the mode for GPU machines; here rank_device() is the CPU, so a meta tensor stands in.
+    monkeypatch.setenv(device_guard.ENV, "check")
+    assert launch(data_made_on_the_cpu, 1, hang_timeout=HANG_S) == [None]
+    with pytest.raises(RankFailed, match=r"all_reduce at .* got a \(2,\) float32 tensor on meta"):
+        launch(meta_tensor_collective, 1, hang_timeout=HANG_S)
+
+
+def test_bad_mode_is_named(monkeypatch):
+    monkeypatch.setenv(device_guard.ENV, "on")
+    with pytest.raises(ValueError, match="DP_COURSE_DEVICE_GUARD='on' is not one of"):
+        device_guard.mode_from_env()
+
+
+def test_placement_follows_cuda_rules_in_process():
+    new, init = nn.Parameter.__new__, nn.parallel.DistributedDataParallel.__init__
+    with Guard("pretend", shipped=()):
+        assert rank_device() == SENTINEL
+        host, placed = torch.randn(3), torch.zeros(3, device=rank_device())
+        assert is_host(host) and not is_host(placed) and is_host(torch.zeros_like(host))
+        moved = host.to(rank_device())
+        assert moved is not host and is_host(host) and not is_host(moved)  # a copy, as across devices
+        assert is_host(placed.cpu()) and not is_host(placed * 2) and is_host(host + 1)
+        model = nn.Linear(2, 2)
+        assert all(is_host(p) for p in model.parameters())
+        model.to(rank_device())
+        assert not any(is_host(p) for p in model.parameters())
+        cpu_model = nn.Linear(2, 2)
+        cpu_model(torch.ones(1, 2, device=rank_device())).sum().backward()
+        assert is_host(cpu_model.weight.grad)
+    assert rank_device() == torch.device("cpu")
+    assert (nn.Parameter.__new__, nn.parallel.DistributedDataParallel.__init__) == (new, init)
+
+
+@pytest.mark.parametrize("source, found", [
+    ("dp = nn.DataParallel(make_model())", "DataParallel(...) needs a GPU"),
+    ("if torch.cuda.is_available():\n    dp = nn.DataParallel(make_model().cuda())", None),
+    ("peak = torch.cuda.max_memory_allocated()", "torch.cuda.max_memory_allocated(...) needs a GPU"),
+    ('mesh = init_device_mesh("cpu", (4,))', "pass rank_device().type"),
+    ("mesh = init_device_mesh(rank_device().type, (4,))", None),
+    ('x = torch.zeros(3, device="cpu")', "pass device=rank_device()"),
+    ("%%ranks 2\nx = torch.zeros(3)", None),
+])
+def test_scan_source_finds_what_the_runtime_guard_cannot(source, found):
+    messages = [m for _, m in scan_source(source)]
+    assert (found is None and not messages) or any(found in m for m in messages), messages

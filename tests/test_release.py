@@ -28,6 +28,11 @@ PENDING = {
     ("helpers/grading/checks/lab08/common.py", "8.2"): "a reference unshard",
     ("helpers/grading/checks/lab09/common.py", "9.1"): "reference_choose",
 }
+# Lines of an answer that a shipped helper holds on purpose, below the scan's bar (release.py's docstring).
+OPEN = {
+    ("helpers/simulate.py", "5.2"): "chapter 05's simulator, scaling_efficiency: 2 of 5.2's 3 statements",
+    ("helpers/grading/checks/lab07/common.py", "7.3"): "the padded layout the check compares with: 2 of 7.3's 9",
+}
 
 
 def regions():
@@ -116,9 +121,16 @@ def test_the_release_holds_no_solution_probe_or_key(released):
     assert "solutions/" not in log and "probes/" not in log
 
 
-def distinctive_line(region):
-    """The region's longest line, comment removed: the one most unlikely to occur by chance."""
-    return max((re.sub(r"\s+#.*", "", line).strip() for line in region.code.splitlines()), key=len)
+def whole(line):
+    """A line as a pattern that `self.params = ...` does not match for `params = ...`."""
+    return re.compile(rf"(?<![\w.]){re.escape(line)}(?!\w)")
+
+
+def distinctive_line(region, handed_out):
+    """The region's first line of 25 characters or more that no chapter or lab shows (their texts), or None."""
+    lines = (re.sub(r"\s+#.*", "", line).strip() for line in region.code.splitlines())
+    return next((line for line in lines if len(line) >= 25
+                 and not any(whole(line).search(text) for text in handed_out)), None)
 
 
 @pytest.mark.slow
@@ -127,10 +139,17 @@ def test_no_solution_line_appears_in_the_release(released):
     out, *_ = released
     texts = {str(p.relative_to(out)): p.read_text(errors="replace") for p in out.rglob("*")
              if p.is_file() and ".git" not in p.relative_to(out).parts}
+    handed_out = [p.read_text() for folder in ("chapters", "labs") for p in (ROOT / folder).rglob("*") if p.is_file()]
+    checked, found = 0, []
     for region in regions():
-        line = distinctive_line(region)
-        holders = [path for path, text in texts.items() if line in text and (path, region.question) not in PENDING]
-        assert not holders, f"lab {region.question}'s line {line!r} ({region.where}) is in {holders}"
+        line = distinctive_line(region, handed_out)
+        if line is None:
+            continue
+        checked += 1
+        found += [f"lab {region.question}'s line {line!r} ({region.where}) is in {path}" for path, text in texts.items()
+                  if whole(line).search(text) and (path, region.question) not in {**PENDING, **OPEN}]
+    assert not found, "\n".join(found)
+    assert checked >= 35, f"only {checked} regions have a line no chapter or lab shows"
 
 
 @pytest.mark.slow
@@ -153,8 +172,9 @@ for cell in nbformat.read("06_memory_anatomy.ipynb", as_version=4).cells:
     question = re.fullmatch(r'check\("(\d+\.\d+)", globals\(\)\)', cell.source.strip())
     if question:
         results[question[1]] = namespace["check"](question[1], namespace).as_dict()
-    else:
-        exec(compile(cell.source, cell.id, "exec"), namespace)
+    elif not cell.source.startswith("%%"):  # %load_ext helpers: the magics are tested in test_magic.py
+        source = "\n".join("" if line.startswith("%") else line for line in cell.source.splitlines())
+        exec(compile(source, cell.id, "exec"), namespace)
 print(json.dumps(results))
 """
 

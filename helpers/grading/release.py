@@ -37,6 +37,9 @@ Decisions, with the scan's numbers:
   43 % with 10.2 and train_gpt.py nothing with 10.3: it ships, as chapter 10's open material.
 - `chapters/capstone/data.py` `get_batch` draws offsets with replacement (randint); lab 10.1 asks for distinct
   offsets (randperm): 2 of 5 statements shared, under the bar; it ships.
+- `helpers/simulate.py` `scaling_efficiency`, chapter 05's simulator, which the chapter calls in the open: 2 of the 3
+  statements of 5.2's efficiency region (the return is written another way); a region that short must appear
+  whole to refuse. It ships; tests/test_release.py names it where it looks for answer lines.
 - The public checks (`helpers/grading/checks/`) of 4.1, 5.2, 6.4, 7.1, 8.2 and 9.1 compute their expected values
   with a reference implementation of the answer (60-100 % of a region). These are answers in what students run;
   they are not allowed: the release refuses until each check compares with recorded values, or with PyTorch, instead.

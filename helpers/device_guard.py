@@ -228,7 +228,8 @@ def _parameter_new(original):
 
 _GPU_ONLY = ("DataParallel", "max_memory_allocated", "reset_peak_memory_stats", "synchronize", "Event",
              "Stream", "current_stream", "set_device", "cuda")
-_GUARDS = ("is_available", "is_cuda", "device_count", "rank_device", "uses_nccl", "skip")
+# What counts as a guard in the same cell: a test of the machine or of the tensor, not a mere mention.
+_GUARDS = ("cuda.is_available()", ".is_cuda", "uses_nccl(", "device_count() >", "device_count() <", "device_count() ==")
 
 
 def scan_source(source):

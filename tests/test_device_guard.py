@@ -109,6 +109,7 @@ def test_placement_follows_cuda_rules_in_process():
 
 @pytest.mark.parametrize("source, found", [
     ("dp = nn.DataParallel(make_model())", "DataParallel(...) needs a GPU"),
+    ("dp = nn.DataParallel(m)\nprint(torch.cuda.device_count())", "DataParallel(...) needs a GPU"),  # a mention
     ("if torch.cuda.is_available():\n    dp = nn.DataParallel(make_model().cuda())", None),
     ("peak = torch.cuda.max_memory_allocated()", "torch.cuda.max_memory_allocated(...) needs a GPU"),
     ('mesh = init_device_mesh("cpu", (4,))', "pass rank_device().type"),

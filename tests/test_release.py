@@ -5,7 +5,6 @@ it gets PYTHONPATH=<release>, so `helpers` is the release's own, never this repo
 """
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys

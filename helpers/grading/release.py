@@ -57,7 +57,7 @@ import sys
 
 import nbformat
 
-from helpers.grading import answer_scan
+from helpers.grading import answer_scan, release_text
 from helpers.grading.labgen import ROOT
 
 # (pattern, reason): the first match leaves a file out. The grader and the tests that need what is left out are
@@ -67,6 +67,7 @@ RULES = [
     ("helpers/grading/probes/*", "hidden tests: their inputs, judges and the shortcuts they refuse"),
     ("helpers/grading/release.py", "this tool: it reads solutions/"),
     ("helpers/grading/answer_scan.py", "reads the solutions' answer regions (for this tool)"),
+    ("helpers/grading/release_text.py", "writes this tool's Makefile, README and manifest"),
     ("helpers/grading/labgen.py", "writes labs/ from solutions/; the release ships the labs it wrote"),
     ("tests/mistakes/*", "the mistake catalogue: each mistake is a solution's answer with one edit"),
     ("tests/lab_solution.py", "runs the solutions' answer cells"),
@@ -80,10 +81,8 @@ SHIPS_ANYWAY = {"tests/test_install.py": "globs solutions/ with chapters/ and la
 # {(path, question): reason}: a shipped file allowed to carry that much of a region. Only for a chapter that openly
 # teaches a simpler version that the lab generalises; the reason says what the lab adds.
 ALLOWED = {}
-DROPPED_TARGETS = ("labs", "grade", "bench-grading", "release")
 GRADER = "the grader: nothing students run imports it; grade from the private repository"
-MANIFEST = "RELEASE_MANIFEST.md"
-SCANNED = (".py", ".ipynb", ".md")
+MANIFEST = release_text.MANIFEST
 
 
 class ReleaseError(ValueError):
@@ -185,7 +184,7 @@ def scan_for_answers(shipped, root, allowed=None):
     paths = sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb"))
     notebooks = {p.name: nbformat.read(p, as_version=4) for p in paths}
     regions = answer_scan.solution_regions(notebooks)
-    texts = {p: t for p, t in shipped.items() if p.endswith(SCANNED)}
+    texts = {p: t for p, t in shipped.items() if p.endswith(release_text.SCANNED)}
     rows = answer_scan.measure(texts, regions)
     found = answer_scan.findings(rows)
     refused = [f for f in found if (f.path, f.question) not in allowed]
@@ -212,63 +211,9 @@ def plan(root=ROOT):
                 shipped[p] = (root / p).read_text()
             except UnicodeDecodeError:
                 shipped[p] = None
-    shipped["Makefile"] = release_makefile(shipped["Makefile"], out)
-    shipped["README.md"] = release_readme(shipped["README.md"])
+    shipped["Makefile"] = release_text.makefile(shipped["Makefile"], out)
+    shipped["README.md"] = release_text.readme(shipped["README.md"])
     return shipped, out
-
-
-def release_makefile(text, out):
-    """The Makefile without the targets that need what is left out, nor recipe lines that run a module left out."""
-    modules = {p[:-3].replace("/", ".") for p in out if p.endswith(".py")}
-    kept, skipping = [], False
-    for line in text.splitlines():
-        target = re.match(r"^([A-Za-z][\w-]*):", line)
-        if target:
-            skipping = target[1] in DROPPED_TARGETS
-        elif skipping and line and not line.startswith("\t"):
-            skipping = False
-        if target and skipping:
-            while kept and kept[-1].startswith("#"):  # the dropped target's own comment
-                kept.pop()
-        if skipping or any(re.search(rf"-m {re.escape(m)}\b", line) for m in modules):
-            continue
-        if re.match(r'^\t@echo "make (\S+)', line) and re.match(r'^\t@echo "make (\S+)', line)[1] in DROPPED_TARGETS:
-            continue
-        if line.startswith(".PHONY:"):
-            line = " ".join(w for w in line.split() if w not in DROPPED_TARGETS)
-        kept.append(line)
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)) + "\n"
-
-
-def release_readme(text):
-    """The README with a first paragraph saying what this edition is."""
-    note = (f"> **Student edition.** Written by `make release` from the course's private repository: the labs' "
-            f"solutions, the hidden tests and the grader are not here ({MANIFEST} lists what is left out and why). "
-            f"The instructors' sections below describe the private repository.\n\n")
-    title, _, rest = text.partition("\n")
-    return f"{title}\n\n{note}{rest.lstrip(chr(10))}" if title.startswith("#") else note + text
-
-
-def manifest(shipped, out, coverage, allowed_findings, source):
-    """RELEASE_MANIFEST.md: what is left out and why, and what the scan for answers measured."""
-    by_reason = {}
-    for p, reason in sorted(out.items()):
-        by_reason.setdefault(reason, []).append(p)
-    lines = [f"# What this release leaves out, and why\n",
-             f"Written by `make release` ({source}). {len(shipped)} files shipped, {len(out)} left out.\n"]
-    for reason, paths in by_reason.items():
-        lines += [f"- **{reason}**:", *[f"  - `{p}`" for p in paths]]
-    lines += ["\n## Scan for answer code\n",
-              f"Every shipped {', '.join(SCANNED)} file was compared with every solution region "
-              f"(statements through `ast`, names kept and names replaced; refused at "
-              f"{answer_scan.COVERAGE:.0%} of a region's statements in runs of {answer_scan.WINDOW}). "
-              "Allowed findings: " + (", ".join(str(f) for f in allowed_findings) or "none") + ".\n",
-              "The closest shipped files (share of a question's statements, names kept / replaced):\n",
-              "| file | question | kept | replaced |", "|---|---|---|---|"]
-    closest = sorted(coverage.items(), key=lambda item: -max(item[1]))
-    lines += [f"| `{p}` | {q} | {a:.0%} | {b:.0%} |" for (p, q), (a, b) in closest if max(a, b) >= 0.3]
-    lines.append("\nTests left out cannot run here; `make test` runs the others, every chapter included.")
-    return "\n".join(lines) + "\n"
 
 
 def source_description(root):
@@ -286,7 +231,7 @@ def build(out, *, root=ROOT, git=True, allowed=None):
     refused, allowed_findings, coverage = scan_for_answers(shipped, root, allowed)
     if refused:
         raise refusal(refused)
-    shipped[MANIFEST] = manifest(shipped, left, coverage, allowed_findings, source_description(root))
+    shipped[MANIFEST] = release_text.manifest(shipped, left, coverage, allowed_findings, source_description(root))
     for p, text in shipped.items():
         target = out / p
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -319,7 +264,7 @@ def main(argv=None):
         if options.dry_run:
             shipped, left = plan()
             refused, allowed, coverage = scan_for_answers(shipped, ROOT)
-            print(manifest(shipped, left, coverage, allowed, source_description(ROOT)))
+            print(release_text.manifest(shipped, left, coverage, allowed, source_description(ROOT)))
             if refused:
                 raise refusal(refused)
             return 0

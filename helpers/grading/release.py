@@ -4,8 +4,9 @@
     python -m helpers.grading.release --dry-run                 # only says what would ship, and scans it
 
 OUT must be new (or an empty directory) and outside this repository: the release is a new repository with a
-history of its own, never a copy of this one's `.git`. What it leaves out (OUT/RELEASE_MANIFEST.md lists every
-file):
+history of its own, never a copy of this one's `.git`. It ships the working tree (git's tracked files and the
+untracked ones not ignored; the manifest counts what was not committed). What it leaves out
+(OUT/RELEASE_MANIFEST.md lists every file):
 
 | left out | why |
 |---|---|
@@ -217,10 +218,14 @@ def plan(root=ROOT):
 
 
 def source_description(root):
-    """'commit abc1234 of <root>, 2026-..', or the date alone outside git."""
+    """'commit abc1234 (+ 3 files not committed), 2026-..', or the date alone outside git: the working tree ships."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    return f"commit {head.stdout.strip()}, {when}" if head.returncode == 0 else when
+    if head.returncode:
+        return when
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+    extra = f" + {len(dirty.splitlines())} files not committed" if dirty.strip() else ""
+    return f"commit {head.stdout.strip()}{extra}, {when}"
 
 
 def build(out, *, root=ROOT, git=True, allowed=None):

@@ -15,7 +15,7 @@ CASES = [(lab, mistake) for lab in LABS for mistake in importlib.import_module(f
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("lab, mistake", CASES, ids=[f"{m.question} {m.name}" for _, m in CASES])
+@pytest.mark.parametrize("lab, mistake", CASES, ids=[f"{lab} {m.question} {m.name}" for lab, m in CASES])
 def test_first_line_names_the_mistake_and_the_fix(lab, mistake, capsys):
     solution = importlib.import_module(f"tests.mistakes.{lab}").SOLUTION
     if isinstance(mistake.override, dict):

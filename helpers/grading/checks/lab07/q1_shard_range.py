@@ -20,9 +20,30 @@ def _compare(shard_range, cases, why=""):
             assert got is not None, f"{call} returned None: return (start, stop, pad)"
             got = tuple(int(v) for v in got)
             expected = _ref_shard_range(numel, rank, world_size)
-            assert got == expected, (f"{call} returned {got}; expected {expected}: every shard has "
-                                     f"ceil({numel} / {world_size}) = {math.ceil(numel / world_size)} elements of "
-                                     f"the padded flat parameter{why}")
+            if got != expected:
+                hint = _diagnose(numel, rank, world_size, got) or (
+                    f"every shard has ceil({numel} / {world_size}) = {math.ceil(numel / world_size)} elements of "
+                    f"the padded flat parameter{why}")
+                raise AssertionError(f"{call} returned {got}; expected {expected}: {hint}")
+
+
+def _diagnose(numel, rank, world_size, got):
+    """What the wrong (start, stop, pad) probably came from, and the fix; or ''."""
+    size, floor = math.ceil(numel / world_size), numel // world_size
+    start, stop, pad = got
+    if start > numel:
+        return (f"the shard starts past the end of the flat parameter ({start} > numel = {numel}); a shard of "
+                f"padding only starts and stops at numel: clip it, start = min(rank * s, numel)")
+    if got == (rank * floor, numel if rank == world_size - 1 else (rank + 1) * floor, 0):
+        return (f"that is a split into numel // world_size = {floor} elements with the rest on the last rank; "
+                f"every shard has s = ceil(numel / world_size) = {size} elements, the last ones padded with zeros")
+    if stop - start + pad == floor + 1 != size:
+        return (f"shards of numel // world_size + 1 = {floor + 1} elements, one too many when world_size divides "
+                f"numel; s = math.ceil(numel / world_size) = {size}")
+    if pad == size * world_size - numel != size - (stop - start):
+        return (f"pad = {pad} is the padding of the whole flat parameter (s * world_size - numel); this rank's own "
+                f"padding is what completes its shard: s - (stop - start) = {size - (stop - start)}")
+    return ""
 
 
 @public_check("7.1")

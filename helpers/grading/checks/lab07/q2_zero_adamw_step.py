@@ -6,6 +6,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from helpers.comm import CommLedger
+from helpers.errors import RankFailed
 from helpers.grading.checks.lab07.common import (
     TOL,
     WORLD_SIZE,
@@ -17,6 +18,7 @@ from helpers.grading.checks.lab07.common import (
     _padded_shard,
 )
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import run_failed
 
 # --- 7.2 zero_adamw_step ------------------------------------------------------------------------
 
@@ -76,10 +78,73 @@ def _reference_7_2(case):
     return history, state
 
 
+# Wrong updates a student's parameters may equal, each with its fix: (name, keyword arguments of _variant).
+_VARIANTS = (
+    ("torch.optim.Adam with an L2 penalty added to the gradient (g + weight_decay * p); AdamW decays the parameter "
+     "itself: p *= 1 - lr * weight_decay, before the Adam update, and the gradient stays as it is", {"decay": "l2"}),
+    ("AdamW with the weight decay without the learning rate (p *= 1 - weight_decay); torch scales it by lr: "
+     "p *= 1 - lr * weight_decay", {"decay": "no_lr"}),
+    ("Adam without the bias corrections; divide by 1 - beta1**t and 1 - beta2**t, with t = state['step'] after "
+     "the increment (1 in the first call)", {"bias_correction": False}),
+    ("AdamW whose moments start from zero in every call (a new optimizer or new tensors each step, t = 1 each "
+     "time); update state['exp_avg'] and state['exp_avg_sq'] in place and increment state['step']",
+     {"fresh_state": True}),
+)
+
+
+def _variant(case, *, decay="decoupled", bias_correction=True, fresh_state=False, betas=(0.9, 0.999), eps=1e-8):
+    """Parameters after each step of a (possibly wrong) AdamW on the whole flat parameter, in float64."""
+    shapes, lr, weight_decay = CASES_7_2[case]
+    p = _flat(_params_7_2(shapes)).double()
+    m, v, history = torch.zeros_like(p), torch.zeros_like(p), []
+    for step in range(STEPS_7_2):
+        g = _mean_gradient_7_2(p.numel(), step).double()
+        if fresh_state:
+            m, v = torch.zeros_like(p), torch.zeros_like(p)
+        t = 1 if fresh_state else step + 1
+        if decay == "l2":
+            g = g + weight_decay * p
+        elif decay == "no_lr":
+            p = p * (1 - weight_decay)
+        else:
+            p = p * (1 - lr * weight_decay)
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        c1, c2 = (1 - betas[0] ** t, 1 - betas[1] ** t) if bias_correction else (1, 1)
+        p = p - lr * (m / c1) / ((v / c2).sqrt() + eps)
+        history.append(p.float())
+    return history
+
+
+_CHECKLIST = (" Check: the state's step counts from 1 (bias corrections 1 - beta**step); weight decay is decoupled "
+              "(p *= 1 - lr * weight_decay, before the Adam update, not added to the gradient); the updated shard "
+              "of every rank lands at offset rank * shard size of the gathered flat parameter")
+
+
+def _diagnose(history, case):
+    """' They equal <a wrong update>; <the fix>' when a step's parameters match one, or ''."""
+    for name, kwargs in _VARIANTS:
+        if all(_max_diff(got, ref) < 1e-5 for got, ref in zip(history, _variant(case, **kwargs))):
+            return f" They equal {name}."
+    return ""
+
+
 def _step_results(ns):
     fn = answer(ns, "zero_adamw_step")
     hint = "Every rank must call exactly one dist.all_gather_single per step, with equal-sized shards. "
-    return _memoized("7.2", fn, lambda: _launch(_step_on_rank, fn, hint=hint))
+
+    def run():
+        try:
+            return _launch(_step_on_rank, fn, hint=hint)
+        except RankFailed as exc:
+            if "must match the size of tensor" not in str(exc):
+                raise
+            # the shard and the state (or the gathered buffer) differ in size: the shard lacks its padding
+            raise run_failed(exc, "a shard and the state have different sizes: the shard is not padded. Append "
+                             "this rank's `pad` zeros (shard_range) so that every shard, and every rank's input "
+                             "to dist.all_gather_single, has s = ceil(numel / world_size) elements. ") from None
+
+    return _memoized("7.2", fn, run)
 
 
 @public_check("7.2")
@@ -91,10 +156,8 @@ def parameters_equal_torch_adamw(ns):
             diff = _max_diff(results[0][case]["history"][step], expected[step])
             assert diff < TOL, (
                 f"{sum(math.prod(s) for s in shapes)} parameters, lr={lr}, weight_decay={weight_decay}: after step "
-                f"{step + 1} rank 0's parameters differ from torch.optim.AdamW's by {diff:.3g} (tolerance {TOL:g}). "
-                "Check: the state's step counts from 1 (bias corrections 1 - beta**step); weight decay is decoupled "
-                "(p *= 1 - lr * weight_decay, before the Adam update, not added to the gradient); the updated "
-                "shard of every rank lands at offset rank * shard size of the gathered flat parameter")
+                f"{step + 1} rank 0's parameters differ from torch.optim.AdamW's by {diff:.3g} (tolerance {TOL:g})."
+                + (_diagnose(results[0][case]["history"], case) or _CHECKLIST))
 
 
 @public_check("7.2")

@@ -6,6 +6,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from helpers.comm import CommLedger
+from helpers.errors import RankFailed
 from helpers.grading.checks.lab07.common import (
     TOL,
     WORLD_SIZE,
@@ -17,6 +18,7 @@ from helpers.grading.checks.lab07.common import (
     _padded_shard,
 )
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import run_failed
 from helpers.memory import state_bytes
 
 # --- 7.3 reduce_scatter_gradients ---------------------------------------------------------------
@@ -50,7 +52,19 @@ def _reduce_results(ns):
     fn = answer(ns, "reduce_scatter_gradients")
     hint = ("Every rank must pass an input of the same size (world_size x shard size, zeros for a missing "
             "gradient) to one dist.reduce_scatter_single. ")
-    return _memoized("7.3", fn, lambda: _launch(_reduce_on_rank, fn, hint=hint))
+
+    def run():
+        try:
+            return _launch(_reduce_on_rank, fn, hint=hint)
+        except RankFailed as exc:
+            if "outputShape[0] * worldSize == inputShape[0]" not in str(exc):
+                raise
+            # Gloo's own check: the input is not world_size times the output
+            raise run_failed(exc, "the input of dist.reduce_scatter_single is not world_size x the shard size: "
+                             "the flat gradient is not padded. Append zeros up to world_size * s elements, "
+                             "s = ceil(numel / world_size). ") from None
+
+    return _memoized("7.3", fn, run)
 
 
 def _mean_local(results):
@@ -93,7 +107,8 @@ def missing_gradient_counts_as_zeros(ns):
 def full_gradients_are_freed(ns):
     for rank, result in enumerate(_reduce_results(ns)):
         assert not result["grads_left"], (f"rank {rank}: {result['grads_left']} still have a .grad; ZeRO-2 keeps only "
-                                          "the gradient shard: set every p.grad = None after the reduce-scatter")
+                                          "the gradient shard: set every p.grad = None after the reduce-scatter "
+                                          "(zeroing a .grad keeps its memory)")
         assert not result["params_moved"], f"rank {rank}: the parameters changed; only the gradients may be touched"
 
 

@@ -49,7 +49,8 @@ def _train_on_rank(train):
         held = state_bytes(model, extra={"optimizer": [state["exp_avg"], state["exp_avg_sq"]]})
     frozen_grads = [p.grad is not None for p in model[0].parameters()]
     zero = {"params": _flat(model.parameters()), "records": [(r.op, r.wire_bytes) for r in ledger.records],
-            "held": held, "frozen_grads": any(frozen_grads)}
+            "held": held, "frozen_grads": any(frozen_grads),
+            "step": state.get("step") if isinstance(state, dict) else None}
 
     reference = DistributedDataParallel(_model_7_4())
     optimizer = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=LR_7_4,
@@ -89,9 +90,41 @@ def equals_torch_ddp_adamw(ns):
     zero, ddp = results[0]
     diff = _max_diff(zero["params"], ddp["params"])
     assert diff < TOL, (f"after {STEPS_7_4} steps rank 0's parameters differ from torch DDP + AdamW's (same start, "
-                        f"same batches) by {diff:.3g} (tolerance {TOL:g}); check: the mean MSE loss of the local "
-                        "batch, one reduce_scatter_gradients and one zero_adamw_step per batch, the same state "
-                        "across steps, lr and weight_decay passed on")
+                        f"same batches) by {diff:.3g} (tolerance {TOL:g}); " + (_diagnose(zero) or (
+                            "check: the mean MSE loss of the local batch, one reduce_scatter_gradients and one "
+                            "zero_adamw_step per batch, the same state across steps, lr and weight_decay passed on")))
+
+
+def _one_process(weight_decay):
+    """One process, AdamW over the trainable parameters on the ranks' batches together (equal sizes: DDP's mean)."""
+    model = _model_7_4()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR_7_4,
+                                  weight_decay=weight_decay)
+    batches = [_batches_7_4(rank) for rank in range(WORLD_SIZE)]
+    for step in range(STEPS_7_4):
+        x, y = (torch.cat(parts) for parts in zip(*(b[step] for b in batches)))
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return _flat(model.parameters())
+
+
+def _diagnose(zero):
+    """The likely cause of rank 0's wrong parameters, and the fix; or ''."""
+    frozen = _flat(_model_7_4()[0].parameters())
+    if _max_diff(zero["params"][: frozen.numel()], frozen) > 0 or zero["frozen_grads"]:
+        return ("the frozen first layer changed too: it is in your flat parameter. Keep only the parameters with "
+                "requires_grad=True, as AdamW over the trainable parameters does")
+    if "reduce_scatter" not in [op for op, _ in zero["records"]]:
+        return ("the ledger shows no reduce_scatter, so each rank stepped its shard with its OWN gradient (the "
+                "all-gather makes the ranks identical anyway); call reduce_scatter_gradients(params) after backward")
+    if zero["step"] is not None and zero["step"] != STEPS_7_4:
+        return (f"the returned state['step'] is {zero['step']} after {STEPS_7_4} steps: the state was made anew "
+                "(from zeros) during training; make it with adam_state once, before the loop")
+    if _max_diff(zero["params"], _one_process(weight_decay=0.0)) < 1e-5:
+        return (f"they equal AdamW without weight decay; pass weight_decay=weight_decay ({WD_7_4} here) on to "
+                "zero_adamw_step")
+    return ""
 
 
 @public_check("7.4")

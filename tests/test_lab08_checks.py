@@ -112,7 +112,7 @@ WRONG = {
             self.flat.untyped_storage().resize_(0)
             for owner, attr in self.param_infos:
                 owner.__dict__.pop(attr, None)
-        """, {"frees_the_full_parameters": "views autograd saved for backward 192",
+        """, {"frees_the_full_parameters": "reshard replaced self.flat by a new tensor; the views of the old one",
               "keeps_flat_for_the_next_unshard": "self.flat still the same tensor: False"}),
     "8.3 the views left on the modules": ("8.3", """
         @add_to_class(FlatShard)
@@ -137,7 +137,7 @@ WRONG = {
         def reduce_scatter_grads(self):
             self.flat_shard.grad = None
             _solution_reduce_scatter_grads(self)
-        """, {"shard_of_the_mean_gradient_accumulated": "should be the sum of both mean shards"}),
+        """, {"shard_of_the_mean_gradient_accumulated": "it overwrote the first; add it to flat_shard.grad"}),
     "8.4 all-reduce, then slice; flat.grad kept": ("8.4", """
         @add_to_class(FlatShard)
         def reduce_scatter_grads(self):

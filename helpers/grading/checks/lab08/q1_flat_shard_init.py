@@ -16,11 +16,13 @@ def _init_on_rank(cls):
             cls(root[0])  # an inner unit, wrapped first
         named = [(k, p) for k, p in module.named_parameters() if not k.endswith("flat_shard")]
         where = {id(m): k for k, m in module.named_modules()}
+        with_inner = sum(p.numel() for p in module.parameters())  # inner units' flat_shard included
         unit = cls(module)
         shard, flat = getattr(unit, "flat_shard", None), getattr(unit, "flat", None)
         infos = [f"{where.get(id(owner), '?')}.{attr}".lstrip(".") for owner, attr in getattr(unit, "param_infos", [])]
         out[case] = {
             "numel": sum(p.numel() for _, p in named), "original": _flat(p for _, p in named),
+            "with_inner": with_inner,
             "names": [k for k, _ in named], "shapes": [tuple(p.shape) for _, p in named],
             "layout": (getattr(unit, "numel", None), infos, [tuple(s) for s in getattr(unit, "shapes", [])],
                        getattr(unit, "numels", None), getattr(unit, "padded_numel", None)),
@@ -41,6 +43,12 @@ def _r81(ns):
 @public_check("8.1")
 def shard_is_this_ranks_piece_of_the_padded_flat(ns):
     for where, n, rank, got, size in _each(_r81(ns)):
+        inner = -(-got["with_inner"] // n)
+        if got["shard"] is not None and got["shard"].shape == (inner,) != (size,):
+            raise AssertionError(
+                f"{where}: flat_shard has {inner} elements, ceil({got['with_inner']} / {n}): the unit took an inner "
+                f"unit's flat_shard (already sharded) into its flat parameter; skip the parameters named "
+                f"flat_shard, and the shard has ceil({got['numel']} / {n}) = {size} elements")
         assert got["shard"] is not None and got["shard"].shape == (size,), (
             f"{where}: flat_shard is {tuple(getattr(got['shard'], 'shape', ()))}; expected ({size},), "
             f"ceil({got['numel']} / {n}) elements. Pad the flat parameter with zeros at its end to {size * n} "

@@ -87,6 +87,9 @@ def gradients_reach_flat_grad_after_a_second_unshard(ns):
         hint = (" Write the gathered values through self.flat.data: an in-place write into self.flat bumps the "
                 "version counter of the views autograd saved" if "inplace" in (got["error"] or "") else "")
         assert got["error"] is None, f"{where}: forward, free, unshard again, backward failed: {got['error']}.{hint}"
-        assert got["flat_grad"] is not None and _diff(got["flat_grad"], got["grad"]) < TOL, (
+        assert got["flat_grad"] is not None, (
+            f"{where}: after backward, flat.grad is None: no gradient reached self.flat, so the views are not linked "
+            "to it by autograd; split self.flat itself, not under torch.no_grad() and not detached")
+        assert _diff(got["flat_grad"], got["grad"]) < TOL, (
             f"{where}: after backward, flat.grad is not the gradient of the unit's parameters in flat order, with "
             "zeros at the padding")

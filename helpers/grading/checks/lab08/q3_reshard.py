@@ -54,6 +54,10 @@ def _r83(ns):
 @public_check("8.3")
 def frees_the_full_parameters(ns):
     for where, n, rank, got, size in _each(_r83(ns)):
+        assert got["same"], (
+            f"{where}: reshard replaced self.flat by a new tensor; the views of the old one, which autograd saved "
+            f"for backward, still hold {got['view_bytes']} bytes. Resize self.flat's own storage to 0 "
+            "(untyped_storage().resize_(0)) and keep the tensor")
         assert got["flat_bytes"] == 0 and got["view_bytes"] == 0, (
             f"{where}: after reshard, self.flat holds {got['flat_bytes']} bytes and the views autograd saved for "
             f"backward {got['view_bytes']}; expected 0 and 0. Dropping references frees nothing while autograd holds "

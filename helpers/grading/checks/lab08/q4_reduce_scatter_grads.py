@@ -56,6 +56,11 @@ def shard_of_the_mean_gradient_accumulated(ns):
         assert _diff(grad, expected) < TOL, (f"{where}: flat_shard.grad differs by {_diff(grad, expected):.3g} from "
                                              f"elements [{rank * size}, {(rank + 1) * size}) of the mean flat.grad")
         grad, expected = got["calls"][1]["grad"], _mean_shard(n, rank, got["numel"], size, [0, 1])
+        second = _mean_shard(n, rank, got["numel"], size, [1])
+        assert grad is None or _diff(grad, expected) < TOL or _diff(grad, second) >= TOL, (
+            f"{where}: after a second backward's reduce_scatter_grads, flat_shard.grad is the second shard alone: "
+            "it overwrote the first; add it to flat_shard.grad when that is not None (gradients accumulate until "
+            "zero_grad, as in torch)")
         assert grad is not None and _diff(grad, expected) < TOL, (
             f"{where}: after a second backward's reduce_scatter_grads, flat_shard.grad should be the sum of both mean "
             "shards (gradients accumulate until zero_grad, as in torch); it is not")

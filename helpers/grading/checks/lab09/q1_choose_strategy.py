@@ -18,6 +18,8 @@ CHOOSE_CASES = [
     ("1B on 8 ranks, a budget of exactly 16 GB (<= fits)", (1e9, 8, 16 * _GB), {}),
     ("1B on 4 ranks, 8 GB, fp32 Adam (k=8, 4-byte parameters and gradients)", (1e9, 4, 8 * _GB), FP32_ADAM),
     ("200B on 32 ranks, 60 GB: nothing fits", (200e9, 32, 60 * _GB), {"group_size": 8}),
+    ("1B on 4 ranks, 6 GB, fp32 Adam (ZeRO-2 needs 4 + 12 / 4 = 7 GB; with 2 + 2 + 12 bytes it would fit)",
+     (1e9, 4, 6 * _GB), FP32_ADAM),
 ]
 
 
@@ -51,6 +53,9 @@ def _wrong_choices(args, kwargs):
             pick(lambda s: memory(s, n if s == "hybrid_shard" else g) <= budget, wire.get),
         "a budget that must be strictly larger: a strategy that needs exactly the budget fits (<=)":
             pick(lambda s: memory(s, g) < budget, wire.get),
+        "the default 2 + 2 + 12 convention: pass k, param_bytes and grad_bytes on to theory.strategy_memory":
+            pick(lambda s: theory.strategy_memory(psi, n, s, group_size=g if s == "hybrid_shard" else None)["total"]
+                 <= budget, wire.get),
         "ZeRO-2 on a tie with DDP: equal bytes go to the EARLIER strategy in STRATEGY_ORDER (DDP)":
             pick(lambda s: memory(s, g) <= budget, wire.get, order=sorted(candidates, key=lambda s: s != "shard_grad_op")),
     }

@@ -45,9 +45,11 @@ def _check_training(results, world_size, budget):
     first = results[0][0]
     assert isinstance(first, dict) and {"strategy", "state_bytes", "comm", "params"} <= set(first), (
         f"{where}: return a dict with keys 'strategy', 'state_bytes', 'comm', 'params'; got {type(first).__name__}")
+    default = reference_choose(psi, world_size, budget)
     assert first["strategy"] == expected, (
         f"{where}: expected strategy {expected!r} (choose_strategy with k=8, param_bytes=4, grad_bytes=4), "
-        f"got {first['strategy']!r}")
+        f"got {first['strategy']!r}" + (": the choice for the default 2 + 2 + 12 bytes; pass **FP32_ADAM to "
+                                        "choose_strategy" if first["strategy"] == default != expected else ""))
     shards = 1 if expected == "no_shard" else world_size
     psi_padded = padded_num_params(model, shards)
     low = theory.strategy_memory(psi, world_size, expected, **FP32_ADAM)

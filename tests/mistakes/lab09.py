@@ -1,0 +1,103 @@
+"""Lab 09 (PyTorch FSDP): the wrong rules for choosing a strategy, fully_shard's reshard_after_forward and units,
+and a budgeted run that uses the wrong byte convention, measures at one point only or returns local shards."""
+from helpers.grading.labgen import ROOT
+from tests.mistakes import Mistake
+
+SOLUTION = ROOT / "solutions" / "09_pytorch_fsdp.ipynb"
+# the lab's imports cell also sets these; definitions() keeps only its imports
+_GIVEN = '''
+STRATEGY_ORDER = ("no_shard", "shard_grad_op", "hybrid_shard", "full_shard")
+FP32_ADAM = {"k": 8, "param_bytes": 4, "grad_bytes": 4}
+'''
+
+# 9.1's solution with its memory test, cost, comparison or convention replaceable
+_CHOOSE = '''
+def choose_strategy(num_params, world_size, memory_budget_bytes, *, group_size=None, k=12, param_bytes=2,
+                    grad_bytes=2):
+    best = None
+    for strategy in STRATEGY_ORDER:
+        if strategy == "hybrid_shard" and group_size is None:
+            continue
+        group = group_size if strategy == "hybrid_shard" else None
+        memory = theory.strategy_memory(num_params, world_size, strategy, {convention}, group_size={memory_group})
+        memory = memory["total"]
+        if {too_big}:
+            continue
+        sent = {cost}
+        if best is None or sent {better} best[0]:
+            best = (sent, strategy)
+    return best[1] if best else None
+'''
+_RIGHT = dict(convention="k, param_bytes=param_bytes, grad_bytes=grad_bytes", memory_group="group",
+              too_big="memory > memory_budget_bytes", better="<",
+              cost='theory.comm_volume(strategy, num_params, world_size, group_size=group, kind="wire")')
+
+
+def _choose(**changes):
+    return _CHOOSE.format(**{**_RIGHT, **changes})
+
+
+_APPLY = '''
+def apply_strategy(model, mesh, strategy, block_types):
+    if strategy == "no_shard":
+        return DDP(model, process_group=mesh.get_group())
+    reshard = {reshard}
+    for module in reversed(list(model.modules())):
+        if {blocks} isinstance(module, tuple(block_types)) and module is not model:
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+    return fully_shard(model, mesh=mesh{root})
+'''
+
+
+def _apply(reshard='strategy != "shard_grad_op"', blocks="", root=", reshard_after_forward=reshard"):
+    return _APPLY.format(reshard=reshard, blocks=blocks, root=root)
+
+
+_MISTAKES = [
+    Mistake("9.1", "the least memory instead of the least communication", _choose(cost="memory"),
+            ("least memory", "least COMMUNICATION among those that fit")),
+    Mistake("9.1", "logical bytes instead of wire bytes", _choose(
+        cost="theory.comm_volume(strategy, num_params, world_size, group_size=group)"),
+            ("LOGICAL bytes", "kind='wire'")),
+    Mistake("9.1", "hybrid_shard's memory sharded over all ranks", _choose(memory_group="None if group is None "
+                                                                                        "else world_size"),
+            ("shards over group_size ranks only", "group_size=group_size")),
+    Mistake("9.1", "a budget that must be strictly larger", _choose(too_big="memory >= memory_budget_bytes"),
+            ("strictly larger", "fits (<=)")),
+    Mistake("9.1", "a tie goes to the later strategy", _choose(better="<="),
+            ("EARLIER strategy in STRATEGY_ORDER",)),
+    Mistake("9.1", "the byte convention ignored", _choose(convention="12"),
+            ("default 2 + 2 + 12", "pass k, param_bytes and grad_bytes")),
+
+    Mistake("9.2", "the root left at reshard_after_forward's default", _apply(root=""),
+            ("root was not resharded", "reshard_after_forward=True to every unit, root included")),
+    Mistake("9.2", "shard_grad_op resharded after forward", _apply(reshard="True"),
+            ("shard_grad_op keeps the gathered parameters", "reshard_after_forward=False")),
+    Mistake("9.2", "only the root sharded", _apply(blocks="False and"),
+            ("one per Layer", "call fully_shard on every module of a block type first")),
+]
+
+_TRAIN = '''
+_train = train_within_budget
+
+def train_within_budget(make_model, batches, memory_budget_bytes, *, lr, block_types):
+    {body}
+'''
+
+_MISTAKES += [
+    Mistake("9.3", "the strategy chosen with the 2 + 2 + 12 convention", '''
+_choose = choose_strategy
+
+def choose_strategy(num_params, world_size, memory_budget_bytes, *, group_size=None, **convention):
+    return _choose(num_params, world_size, memory_budget_bytes, group_size=group_size)
+''', ("default 2 + 2 + 12", "**FP32_ADAM")),
+    Mistake("9.3", "local shards returned, not full parameters", _TRAIN.format(body='''
+    result = _train(make_model, batches, memory_budget_bytes, lr=lr, block_types=block_types)
+    model = make_model()
+    shards = dist.get_world_size() if result["strategy"] != "no_shard" else 1
+    result["params"] = [p.reshape(p.shape[0], -1)[: -(-p.shape[0] // shards)].reshape(-1, *p.shape[1:])
+                        for p in result["params"]]
+    return result'''), ("return the FULL parameters", "full_tensor()")),
+]
+
+MISTAKES = [Mistake(m.question, m.name, _GIVEN + m.override, m.first_line, m.run_fails) for m in _MISTAKES]

@@ -67,7 +67,8 @@ def different_for_every_rank_step_and_seed(ns):
             assert not torch.equal(xs[a], xs[b]), f"ranks {a} and {b} got the same batch at step 0: use the rank"
     for other, what in ((_call(get_batch, data, 0, 3, 1, 4, 6, 0)[1], "step 1"),
                         (_call(get_batch, data, 0, 3, 0, 4, 6, 1)[1], "seed 1")):
-        assert not torch.equal(xs[0], other), f"rank 0 got the same batch at step 0, seed 0 and at {what}"
+        assert not torch.equal(xs[0], other), (f"rank 0 got the same batch at step 0, seed 0 and at {what}: seed the "
+                                               "generator with seed AND step, so every step draws a new batch")
 
 
 @public_check("10.1")

@@ -30,7 +30,10 @@ def _compare_6_2(fn, memory_bytes, world_size, stage, reserved_bytes=0, conventi
     if abs(int(got) - expected) > 1:
         ignored = reserved_bytes and abs(int(got) - _exact_largest(memory_bytes, world_size, stage, 0,
                                                                    convention or (2, 2, 12))) <= 1
-        hint = "; the reserved bytes are not available for model states" if ignored else ""
+        default = convention and abs(int(got) - _exact_largest(memory_bytes, world_size, stage, reserved_bytes)) <= 1
+        hint = ("; the reserved bytes are not available for model states: subtract reserved_bytes from memory_bytes "
+                "first" if ignored else "; it is the answer for the default 2 + 2 + 12 bytes: pass param_bytes, "
+                "grad_bytes and optimizer_bytes on" if default else "")
         raise AssertionError(f"{call} = {int(got)}; expected {expected} (exact up to 1 parameter of rounding){hint}")
     return int(got)
 

@@ -77,9 +77,9 @@ def _activation_hint(got, measured, batch, seq_len, d_model, n_heads, d_ff, n_la
         4 * b * t * d_model: "one (B, T, D) tensor, e.g. a LayerNorm's input or a Linear's input",
     }
     for size, what in terms.items():
-        for sign, verb in ((1, "missing"), (-1, "counted once too often")):
+        for sign, verb, fix in ((1, "missing", "add it"), (-1, "counted once too often", "count it once")):
             if diff == sign * n_layers * size:
-                return f"; the difference is {verb}: {what}"
+                return f"; the difference is {verb}: {what}; {fix}"
     return "; list what each operation saves with saved_activation_bytes on a Block, and compare term by term"
 
 

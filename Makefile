@@ -33,11 +33,12 @@ FORMAT ?=
 DEADLINE ?=
 TIMES ?=
 
-.PHONY: setup lab labs test bench bench-grading grade release gpu-check clean help
+.PHONY: setup lab labs test test-install bench bench-grading grade release gpu-check clean help
 
 help:
 	@echo "make lab    set up if needed, then open JupyterLab on chapter 00"
 	@echo "make test   set up if needed, then run every test and execute every notebook"
+	@echo "make test-install   install the course into a fresh venv (Colab cell, pip install) and run chapter 00"
 	@echo "make labs   regenerate labs/ from solutions/ (labs are never edited by hand)"
 	@echo "make bench  time the launcher (vs spawn, fork) and lab 04's bucketed DDP (vs torch DDP)"
 	@echo "make bench-grading   time grading a class of 20 (lab 03)"
@@ -68,9 +69,14 @@ lab: setup
 # Two pytest workers: most of a test's time is kernels and ranks starting or waiting, so two at once fill
 # the 2 cores better than one. loadscope keeps a test file (and a notebook's cells, which share one kernel)
 # on one worker, so module fixtures are built once.
+# The fresh-environment install test (tests/test_install.py, marker `install`) is `make test-install`: it is pip
+# unpacking PyTorch for 3-5 minutes, the same on every run, and .ci/run runs it after `make test`.
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --nbval-lax --nbval-current-env -p no:cacheprovider \
-		tests $(NOTEBOOKS) $(PYTEST_ARGS)
+		-m "not install" tests $(NOTEBOOKS) $(PYTEST_ARGS)
+
+test-install: setup
+	$(PY) -m pytest -p no:cacheprovider -m install tests/test_install.py $(PYTEST_ARGS)
 
 labs: setup
 	$(PY) -m helpers.grading.labgen

@@ -81,6 +81,7 @@ def clean_env():
 
 
 @pytest.mark.slow
+@pytest.mark.install  # `make test-install`, which .ci/run runs after `make test`: 3-5 min of pip alone
 @pytest.mark.timeout(1500)
 def test_colab_cell_then_pip_install_run_chapter_00(tmp_path):
     repository = copy_of_repository(tmp_path / "repository")

@@ -1,4 +1,4 @@
-"""Shared pieces of lab 04's checks: the MLP, its data, torch's bucket rule, run_on_ranks, diagnose."""
+"""Shared pieces of lab 04's checks: the MLP, its data, torch's buckets, run_on_ranks, diagnose."""
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -12,7 +12,8 @@ HANG_TIMEOUT_S = 10.0
 TOL = 1e-6  # float32 sums of a few numbers in another order (DDP multiplies by 1/N, we may divide by N)
 SLOW_RANK_S = 0.3  # how long the straggler sleeps; launching an async all-reduce takes microseconds
 LAYERS = (6, 10, 10, 7, 3)  # an MLP 6 -> 10 -> 10 -> 7 -> 3: eight tensors of uneven sizes
-CAP_BYTES = 400  # buckets of the MLP above: parameters [7, 6, 5, 4], [3, 2], [1, 0]
+CAP_BYTES = 400
+MLP_BUCKETS = [[7, 6, 5, 4], [3, 2], [1, 0]]  # torch's buckets of the MLP above at CAP_BYTES
 CAP_MB = CAP_BYTES / 2**20  # the same cap as Reducer's bucket_cap_mb (exact: a power-of-two scale)
 STEPS, LR, BATCH = 3, 0.1, 5
 
@@ -33,23 +34,13 @@ def rank_batch(step, rank):
     return torch.randn(BATCH, LAYERS[0], generator=generator), torch.randn(BATCH, LAYERS[-1], generator=generator)
 
 
-def reference_buckets(sizes_bytes, cap_bytes):
-    """The rule of torch's dist._compute_bucket_assignment_by_size, on tensors given in reverse order."""
-    buckets, current, filled = [], [], 0
-    for index in reversed(range(len(sizes_bytes))):
-        current.append(index)
-        filled += sizes_bytes[index]
-        if filled >= cap_bytes:
-            buckets.append(current)
-            current, filled = [], 0
-    return buckets + ([current] if current else [])
-
-
 def torch_buckets(params, cap_bytes):
-    """torch's own assignment of the parameters in reverse order, or None if this PyTorch lacks the function."""
+    """torch's own assignment (DDP's Reducer uses it) of the parameters taken last to first, as lists of indices."""
+    # A private torch API: the checks have no rule of their own to fall back on (that rule is lab 4.1's answer).
     compute = getattr(dist, "_compute_bucket_assignment_by_size", None)
     if compute is None:
-        return None
+        raise RuntimeError(f"torch {torch.__version__} has no torch.distributed._compute_bucket_assignment_by_size, "
+                           "which lab 04's checks compare with; install the torch pinned in pyproject.toml")
     indices = list(reversed(range(len(params))))
     return [list(b) for b in compute([params[i] for i in indices], [cap_bytes], [], indices)[0]]
 

@@ -1,7 +1,8 @@
 """Checks of lab 4.1: assign_buckets gives torch's buckets (dist._compute_bucket_assignment_by_size)."""
 import torch
+import torch.distributed as dist
 
-from helpers.grading.checks.lab04.common import CAP_BYTES, make_model, nbytes, reference_buckets, torch_buckets
+from helpers.grading.checks.lab04.common import CAP_BYTES, make_model, nbytes, torch_buckets
 from helpers.grading.registry import answer, public_check
 
 
@@ -15,9 +16,11 @@ def _assignment_cases():
 
 
 def _wrong_assignments(params, cap):
-    sizes = [nbytes(p) for p in params]
+    """{mistake: the assignment it gives}; the first two are torch's rule fed what the mistake feeds it."""
     n = len(params)
-    forward = [[n - 1 - i for i in b] for b in reference_buckets(sizes[::-1], cap)]
+    forward = dist._compute_bucket_assignment_by_size(list(params), [cap], [], list(range(n)))[0]
+    as_bytes = [torch.empty(p.numel(), dtype=torch.uint8) for p in params]  # one byte per element: numel as bytes
+    sizes = [nbytes(p) for p in params]
     strict, current, filled = [], [], 0
     for index in reversed(range(n)):
         if current and filled + sizes[index] > cap:
@@ -26,9 +29,10 @@ def _wrong_assignments(params, cap):
         current.append(index)
         filled += sizes[index]
     strict += [current] if current else []
-    return {"grouped from the FIRST parameter: gradients arrive last-layer first, so start from the last one": forward,
+    return {"grouped from the FIRST parameter: gradients arrive last-layer first, so start from the last one":
+                [list(b) for b in forward],
             "counted elements, not bytes: the cap is in bytes, p.numel() * p.element_size()":
-                reference_buckets([p.numel() for p in params], cap),
+                torch_buckets(as_bytes, cap),
             "kept every bucket under the cap: torch closes a bucket at the first tensor that takes it to >= cap "
             "(so a bucket may exceed the cap by part of one tensor)": strict}
 
@@ -37,7 +41,7 @@ def _wrong_assignments(params, cap):
 def same_buckets_as_torch(ns):
     fn = answer(ns, "assign_buckets")
     for label, params, cap in _assignment_cases():
-        expected = torch_buckets(params, cap) or reference_buckets([nbytes(p) for p in params], cap)
+        expected = torch_buckets(params, cap)
         got = fn(list(params), cap)
         try:
             got = [[int(i) for i in b] for b in got]

@@ -9,7 +9,9 @@ simplification chapter 05 states next to its figures:
   divisible bytes: DDP keeps whole parameters in a bucket and caps its first bucket at 1 MiB (lab 05);
 - overlap: communication runs under a fraction `overlap` of compute_s and adds only what sticks out,
   step = compute_s + max(0, comm_s - overlap * compute_s). DDP overlaps with backward, which is about
-  2/3 of forward + backward (backward costs about twice the forward): overlap=2/3. 0 = no overlap;
+  2/3 of forward + backward (backward costs about twice the forward: about 2N FLOPs per token forward,
+  6N for training, Kaplan et al. 2020, arXiv 2001.08361, section 2.1; chapter 05 measures its own ratio):
+  overlap=2/3. 0 = no overlap;
 - a network is a Link (every pair of ranks alike) or a Cluster (gpus_per_node GPUs on `intra` links,
   nodes on `inter` links, one NIC per GPU). A flat ring over several nodes runs at the pace of its
   slowest hop (the inter-node link); 'hierarchical' reduce-scatters inside each node, all-reduces
@@ -51,7 +53,8 @@ class Cluster(NamedTuple):
 # ASSUMPTIONS, round figures for illustration, not measurements: replace them with your cluster's
 # (e.g. nccl-tests bus bandwidth and small-message latency). Bandwidths are per direction, per GPU.
 ASSUMED_LINKS = {
-    # NVLink 3 (A100): 12 links x 25 GB/s per direction = 300 GB/s per direction (600 GB/s both ways).
+    # NVLink 3 (A100): 12 links x 25 GB/s per direction = 300 GB/s per direction (600 GB/s both ways); NVIDIA,
+    # "NVIDIA A100 Tensor Core GPU Architecture" (whitepaper, 2020), section "Third-Generation NVLink".
     "nvlink": Link("NVLink, 300 GB/s, 3 us (assumed)", 3e-6, 300e9),
     # InfiniBand HDR: 200 Gb/s = 25 GB/s per direction, one NIC per GPU.
     "infiniband": Link("InfiniBand 200 Gb/s = 25 GB/s, 10 us (assumed)", 10e-6, 25e9),

@@ -40,7 +40,8 @@ WRONG_7_1 = {
             start = rank * size
             stop = min(start + size, numel)
             return start, stop, size - (stop - start)
-        ''', {"ranks_with_only_padding": "shard_range(5, rank=3, world_size=4) returned (6, 5, 3); expected (5, 5, 2)"}),
+        ''', {"ranks_with_only_padding": "shard_range(5, rank=3, world_size=4) returned (6, 5, 3); expected (5, 5, 2)",
+              "shards_tile_the_flat_parameter": "numel=1, world_size=3: rank 2's shard"}),
     "floor split, the rest on the last rank (no padding)": ('''
         def shard_range(numel, rank, world_size):
             if not 0 <= rank < world_size:

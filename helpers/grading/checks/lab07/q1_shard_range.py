@@ -5,21 +5,34 @@ from helpers.grading.registry import answer, public_check
 
 # --- 7.1 shard_range ----------------------------------------------------------------------------
 
-def _ref_shard_range(numel, rank, world_size):
-    size = math.ceil(numel / world_size)
-    start = min(rank * size, numel)
-    stop = min(start + size, numel)
-    return start, stop, size - (stop - start)
+# (start, stop, pad) of every rank for the (numel, world_size) the checks below use, recorded; the sweep in
+# shards_tile_the_flat_parameter checks every other size by the properties these have.
+RANGES = {
+    (12, 1): [(0, 12, 0)],
+    (12, 2): [(0, 6, 0), (6, 12, 0)],
+    (12, 3): [(0, 4, 0), (4, 8, 0), (8, 12, 0)],
+    (12, 4): [(0, 3, 0), (3, 6, 0), (6, 9, 0), (9, 12, 0)],
+    (385, 5): [(0, 77, 0), (77, 154, 0), (154, 231, 0), (231, 308, 0), (308, 385, 0)],
+    (10, 3): [(0, 4, 0), (4, 8, 0), (8, 10, 2)],
+    (10, 4): [(0, 3, 0), (3, 6, 0), (6, 9, 0), (9, 10, 2)],
+    (385, 2): [(0, 193, 0), (193, 385, 1)],
+    (385, 3): [(0, 129, 0), (129, 258, 0), (258, 385, 2)],
+    (385, 4): [(0, 97, 0), (97, 194, 0), (194, 291, 0), (291, 385, 3)],
+    (7, 6): [(0, 2, 0), (2, 4, 0), (4, 6, 0), (6, 7, 1), (7, 7, 2), (7, 7, 2)],
+    (5, 4): [(0, 2, 0), (2, 4, 0), (4, 5, 1), (5, 5, 2)],
+    (1, 3): [(0, 1, 0), (1, 1, 1), (1, 1, 1)],
+    (2, 8): [(0, 1, 0), (1, 2, 0), (2, 2, 1), (2, 2, 1), (2, 2, 1), (2, 2, 1), (2, 2, 1), (2, 2, 1)],
+    (9, 7): [(0, 2, 0), (2, 4, 0), (4, 6, 0), (6, 8, 0), (8, 9, 1), (9, 9, 2), (9, 9, 2)],
+}
 
 
 def _compare(shard_range, cases, why=""):
     for numel, world_size in cases:
-        for rank in range(world_size):
+        for rank, expected in enumerate(RANGES[numel, world_size]):
             call = f"shard_range({numel}, rank={rank}, world_size={world_size})"
             got = shard_range(numel, rank, world_size)
             assert got is not None, f"{call} returned None: return (start, stop, pad)"
             got = tuple(int(v) for v in got)
-            expected = _ref_shard_range(numel, rank, world_size)
             if got != expected:
                 hint = _diagnose(numel, rank, world_size, got) or (
                     f"every shard has ceil({numel} / {world_size}) = {math.ceil(numel / world_size)} elements of "
@@ -78,6 +91,11 @@ def shards_tile_the_flat_parameter(ns):
             assert covered == list(range(numel)), (
                 f"numel={numel}, world_size={world_size}: the ranges {ranges} must cover 0 .. {numel - 1} once, "
                 "in rank order")
+            padded = [r for r, (start, stop, pad) in enumerate(ranges) if pad and not start <= stop == numel]
+            assert not padded, (
+                f"numel={numel}, world_size={world_size}: rank {padded[0]}'s shard {ranges[padded[0]]} holds padding, "
+                f"so it holds the last real elements: start <= stop == numel = {numel} (a shard of padding only has "
+                f"start == stop == numel); the zeros sit at the end of the flat parameter; got {ranges}")
 
 
 @public_check("7.1")

@@ -1,4 +1,6 @@
 """Shared pieces of lab 08's checks: the memoized launches, the units of 8.1 to 8.4, the reference layout."""
+import itertools
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -113,11 +115,14 @@ def _ref_init(unit, module):
 
 
 def _ref_unshard(unit):
-    unit.flat.untyped_storage().resize_(4 * unit.padded_numel)
-    dist.all_gather_single(unit.flat.data, unit.flat_shard.data)
-    views = unit.flat.split(unit.numels + [unit.padded_numel - unit.numel])
-    for (owner, attr), view, shape in zip(unit.param_infos, views, unit.shapes):
-        setattr(owner, attr, view.view(shape))
+    """Full parameters on `unit` for 8.3's checks (8.2 is checked against the original parameters, not this)."""
+    gathered = torch.empty(unit.padded_numel)  # (N * s,): rank r's shard at offset r * s
+    dist.all_gather_single(gathered, unit.flat_shard.detach())
+    unit.flat.untyped_storage().resize_(gathered.untyped_storage().nbytes())
+    unit.flat.data.copy_(gathered)  # through .data: the views autograd saved for backward keep their version
+    for (owner, attr), start, numel, shape in zip(unit.param_infos, itertools.accumulate([0] + unit.numels),
+                                                  unit.numels, unit.shapes):
+        setattr(owner, attr, unit.flat[start:start + numel].view(shape))
 
 
 def _case(cls, make, features):

@@ -1,16 +1,14 @@
-"""Shared pieces of lab 09's checks: the residual MLP, each rank's batches, the rule of 9.1, run_on_ranks."""
+"""Shared pieces of lab 09's checks: the residual MLP, each rank's batches, run_on_ranks."""
 import math
 
 import torch
 from torch import nn
 
-from helpers import theory
 from helpers.errors import CollectiveHang, RankFailed
 from helpers.grading.shared_run import RunFailed
 from helpers.launch import launch
 
 HANG_TIMEOUT_S = 20.0
-STRATEGY_ORDER = ("no_shard", "shard_grad_op", "hybrid_shard", "full_shard")
 FP32_ADAM = {"k": 8, "param_bytes": 4, "grad_bytes": 4}  # fp32 parameters and gradients, Adam's two fp32 moments
 LR, STEPS, BATCH = 0.01, 3, 6
 TOL = 1e-5  # max |parameters - torch DDP's| after STEPS Adam steps (float32 sums in another order, through Adam)
@@ -65,21 +63,6 @@ def num_params(model):
 def padded_num_params(model, shards):
     """Parameters counted as FSDP stores them: every dim 0 rounded up to a multiple of `shards`."""
     return sum(math.ceil(p.shape[0] / shards) * shards * (p.numel() // p.shape[0]) for p in model.parameters())
-
-
-def reference_choose(num_params, world_size, budget, *, group_size=None, **convention):
-    """The rule of 9.1: fewest wire bytes among the strategies that fit; ties to the earlier in STRATEGY_ORDER."""
-    best = None
-    for strategy in STRATEGY_ORDER:
-        if strategy == "hybrid_shard" and group_size is None:
-            continue
-        g = group_size if strategy == "hybrid_shard" else None
-        if theory.strategy_memory(num_params, world_size, strategy, group_size=g, **convention)["total"] > budget:
-            continue
-        sent = theory.comm_volume(strategy, num_params, world_size, group_size=g, kind="wire")
-        if best is None or sent < best[0]:
-            best = (sent, strategy)
-    return best[1] if best else None
 
 
 def run_on_ranks(fn, world_size, args, what):

@@ -69,11 +69,12 @@ lab: setup
 # Two pytest workers: most of a test's time is kernels and ranks starting or waiting, so two at once fill
 # the 2 cores better than one. loadscope keeps a test file (and a notebook's cells, which share one kernel)
 # on one worker, so module fixtures are built once.
+# tests/device_guard_plugin.py runs the chapters with the device guard pretending (the NCCL path, checked on a CPU).
 # The fresh-environment install test (tests/test_install.py, marker `install`) is `make test-install`: it is pip
 # unpacking PyTorch for 3-5 minutes, the same on every run, and .ci/run runs it after `make test`.
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --nbval-lax --nbval-current-env -p no:cacheprovider \
-		-m "not install" tests $(NOTEBOOKS) $(PYTEST_ARGS)
+		-m "not install" -p tests.device_guard_plugin tests $(NOTEBOOKS) $(PYTEST_ARGS)
 
 test-install: setup
 	$(PY) -m pytest -p no:cacheprovider -m install tests/test_install.py $(PYTEST_ARGS)

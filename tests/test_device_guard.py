@@ -120,3 +120,37 @@ def test_placement_follows_cuda_rules_in_process():
 def test_scan_source_finds_what_the_runtime_guard_cannot(source, found):
     messages = [m for _, m in scan_source(source)]
     assert (found is None and not messages) or any(found in m for m in messages), messages
+
+
+PLANTED_CELLS = {
+    "98_planted": "def made_on_the_cpu():\n    t = torch.ones(3)\n    dist.all_reduce(t)\n    return t.sum().item()\n",
+    "99_right": "def made_on_the_cpu():\n    t = torch.ones(3, device=rank_device())\n    dist.all_reduce(t)\n"
+                "    return t.sum().item()\n",
+}
+
+
+@pytest.mark.timeout(300)
+def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path):
+    # make test loads tests/device_guard_plugin.py: a chapter's cells run with the guard pretending.
+    import os
+    import subprocess
+    import sys
+
+    import nbformat
+
+    from helpers.grading.labgen import ROOT
+
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    imports = ("import torch\nimport torch.distributed as dist\nfrom helpers import launch\n"
+               "from helpers.backend import rank_device")
+    for name, cell in PLANTED_CELLS.items():
+        cells = [imports, cell, "print(launch(made_on_the_cpu, 2))"]
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]),
+                       chapters / f"{name}.ipynb")
+    env = {k: v for k, v in os.environ.items() if k != device_guard.ENV}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.device_guard_plugin", "-p", "no:cacheprovider",
+                           "--nbval-lax", "--nbval-current-env", "-q", "--color=no", str(chapters)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=280)
+    assert "1 failed, 5 passed" in done.stdout, done.stdout[-3000:]
+    assert "98_planted.ipynb::Cell 2\n" in done.stdout and "DeviceGuardError" in done.stdout, done.stdout[-3000:]

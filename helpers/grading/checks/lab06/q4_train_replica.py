@@ -53,16 +53,18 @@ def _replica_on_rank(train_replica):
 
 
 def _one_process_reference():
-    """Rank 0's initialisation, Adam on the union of the ranks' samples (equal sizes: same mean gradient)."""
+    """Rank 0's initialisation, torch's Adam on the union of the ranks' samples (equal sizes: same mean gradient)."""
     torch.manual_seed(0)
     model = _model_6_4()
-    X, Y = (torch.cat(parts) for parts in zip(*(_data_6_4(r) for r in range(WORLD_SIZE))))
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR_6_4)
+    params = list(model.parameters())
+    X, Y = (torch.cat(parts) for parts in zip(*(_data_6_4(r) for r in range(WORLD_SIZE))))  # (24, 6), (24, 3)
+    adam = torch.optim.Adam(params, lr=LR_6_4)
     for _ in range(STEPS_6_4):
-        optimizer.zero_grad()
-        F.mse_loss(model(X), Y).backward()
-        optimizer.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        # the gradient of the global mean loss, set on each parameter: what DDP's averaged .grad must equal
+        for p, g in zip(params, torch.autograd.grad(F.mse_loss(model(X), Y), params)):
+            p.grad = g
+        adam.step()
+    return torch.cat([p.detach().reshape(-1) for p in params])
 
 
 def _still_a_todo(fn):

@@ -45,7 +45,9 @@ def _on_ranks_bucket(Bucket, steps, slow_rank_s):
             launch_s = time.perf_counter() - start
             launched = [(r.op, r.payload_bytes) for r in ledger.records[early:]]
             bucket.finish()
-        report.append({"early": [(r.op, r.payload_bytes) for r in ledger.records[:early]], "launched": launched,
+            # An all-reduce whose end is not stamped yet had not finished when finish() returned.
+            unfinished = sum(r.end is None for r in ledger.records[early:] if r.op == "all_reduce")
+        report.append({"unfinished": unfinished, "early": [(r.op, r.payload_bytes) for r in ledger.records[:early]], "launched": launched,
                        "after_finish": len(ledger.records) - early - len(launched), "launch_s": launch_s,
                        "grads": [p.grad.clone() for p in params]})
     return report
@@ -77,8 +79,12 @@ def _check_bucket_report(report, world_size, ranks_to_check):
             mean, local, params = _bucket_expected(step, world_size)
             got = flat(r["grads"])
             error = max_diff(got, mean)
+            hint = diagnose(got, mean, local[rank], params, world_size)
+            if not hint and r["unfinished"]:  # copied back mid-reduction: no one wrong answer matches the values
+                hint = (" finish() returned before its all-reduce had finished, so the copy back read a buffer still "
+                        "being reduced: wait() on the work handle first.")
             assert error <= TOL, (f"{at}: after finish(), max |p.grad - mean over ranks of the gradients| = "
-                                  f"{error:.2e} (tolerance {TOL:.0e}).{diagnose(got, mean, local[rank], params, world_size)}")
+                                  f"{error:.2e} (tolerance {TOL:.0e}).{hint}")
 
 
 @public_check("4.2")

@@ -3,7 +3,8 @@ import math
 
 import torch
 
-from helpers.grading.shared_run import SharedRun, launch_on_gloo
+from helpers.errors import RankFailed
+from helpers.grading.shared_run import SharedRun, launch_on_gloo, run_failed
 
 WORLD_SIZE = 3
 HANG_S = 20.0  # a check whose ranks wait longer than this reports CollectiveHang instead of hanging
@@ -18,6 +19,20 @@ _memoized = SharedRun()  # one launch serves every check of a question
 def _launch(fn, *args, hint=""):
     """Run fn on WORLD_SIZE Gloo ranks; a hang or a dead rank becomes a failure that says what to look at."""
     return launch_on_gloo(fn, WORLD_SIZE, args, HANG_S, hint)
+
+
+def _shared_launch(question, fn, on_rank, hint, torch_error, unpadded):
+    """One memoized launch of on_rank(fn) for a question's checks; torch's size error becomes `unpadded`, which
+    names the missing padding (an unpadded shard fails inside the collective, before any check can look)."""
+    def run():
+        try:
+            return _launch(on_rank, fn, hint=hint)
+        except RankFailed as exc:
+            if torch_error not in str(exc):
+                raise
+            raise run_failed(exc, unpadded) from None
+
+    return _memoized(question, fn, run)
 
 
 def _flat(tensors):

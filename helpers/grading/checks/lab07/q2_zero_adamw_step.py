@@ -6,19 +6,16 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from helpers.comm import CommLedger
-from helpers.errors import RankFailed
 from helpers.grading.checks.lab07.common import (
     TOL,
     WORLD_SIZE,
     _flat,
-    _launch,
     _max_diff,
-    _memoized,
     _ops,
     _padded_shard,
+    _shared_launch,
 )
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import run_failed
 
 # --- 7.2 zero_adamw_step ------------------------------------------------------------------------
 
@@ -133,18 +130,11 @@ def _step_results(ns):
     fn = answer(ns, "zero_adamw_step")
     hint = "Every rank must call exactly one dist.all_gather_single per step, with equal-sized shards. "
 
-    def run():
-        try:
-            return _launch(_step_on_rank, fn, hint=hint)
-        except RankFailed as exc:
-            if "must match the size of tensor" not in str(exc):
-                raise
-            # the shard and the state (or the gathered buffer) differ in size: the shard lacks its padding
-            raise run_failed(exc, "a shard and the state have different sizes: the shard is not padded. Append "
-                             "this rank's `pad` zeros (shard_range) so that every shard, and every rank's input "
-                             "to dist.all_gather_single, has s = ceil(numel / world_size) elements. ") from None
-
-    return _memoized("7.2", fn, run)
+    # the shard and the state (or the gathered buffer) differ in size: the shard lacks its padding
+    return _shared_launch("7.2", fn, _step_on_rank, hint, "must match the size of tensor",
+                          "a shard and the state have different sizes: the shard is not padded. Append this rank's "
+                          "`pad` zeros (shard_range) so that every shard, and every rank's input to "
+                          "dist.all_gather_single, has s = ceil(numel / world_size) elements. ")
 
 
 @public_check("7.2")

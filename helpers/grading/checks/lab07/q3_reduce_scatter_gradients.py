@@ -6,19 +6,16 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from helpers.comm import CommLedger
-from helpers.errors import RankFailed
 from helpers.grading.checks.lab07.common import (
     TOL,
     WORLD_SIZE,
     _flat,
-    _launch,
     _max_diff,
-    _memoized,
     _ops,
     _padded_shard,
+    _shared_launch,
 )
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import run_failed
 from helpers.memory import state_bytes
 
 # --- 7.3 reduce_scatter_gradients ---------------------------------------------------------------
@@ -53,18 +50,11 @@ def _reduce_results(ns):
     hint = ("Every rank must pass an input of the same size (world_size x shard size, zeros for a missing "
             "gradient) to one dist.reduce_scatter_single. ")
 
-    def run():
-        try:
-            return _launch(_reduce_on_rank, fn, hint=hint)
-        except RankFailed as exc:
-            if "outputShape[0] * worldSize == inputShape[0]" not in str(exc):
-                raise
-            # Gloo's own check: the input is not world_size times the output
-            raise run_failed(exc, "the input of dist.reduce_scatter_single is not world_size x the shard size: "
-                             "the flat gradient is not padded. Append zeros up to world_size * s elements, "
-                             "s = ceil(numel / world_size). ") from None
-
-    return _memoized("7.3", fn, run)
+    # Gloo's own check: the input is not world_size times the output
+    return _shared_launch("7.3", fn, _reduce_on_rank, hint, "outputShape[0] * worldSize == inputShape[0]",
+                          "the input of dist.reduce_scatter_single is not world_size x the shard size: the flat "
+                          "gradient is not padded. Append zeros up to world_size * s elements, "
+                          "s = ceil(numel / world_size). ")
 
 
 def _mean_local(results):

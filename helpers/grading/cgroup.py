@@ -13,6 +13,7 @@ import time
 
 _V1 = "/sys/fs/cgroup/pids"
 _V2 = "/sys/fs/cgroup"
+PREFIX = "dp-grade-"  # a kernel's cgroup is PREFIX + "<pid of its grading process>-<serial>"
 
 
 def pids_root():
@@ -31,11 +32,13 @@ def pids_root():
 class PidsCgroup:
     """One kernel's cgroup: `enter_argv()` puts a command in it; `kill()` and `remove()` end it."""
 
-    def __init__(self, name, max_tasks):
+    def __init__(self, name, max_tasks=None):
+        """Make (or, with max_tasks None, take over) the cgroup `name`."""
         self.path = os.path.join(pids_root(), name)
         os.makedirs(self.path, exist_ok=True)
-        with open(os.path.join(self.path, "pids.max"), "w") as f:
-            f.write(str(int(max_tasks)))
+        if max_tasks is not None:
+            with open(os.path.join(self.path, "pids.max"), "w") as f:
+                f.write(str(int(max_tasks)))
 
     def enter_argv(self):
         """A prefix that moves the process into the cgroup, then execs the rest of the command."""
@@ -73,3 +76,11 @@ class PidsCgroup:
             os.rmdir(self.path)
         except OSError:
             pass  # still busy: the next kill() of a later grading, or a reboot, clears it
+
+
+def remove_left_by(pid):
+    """Kill and remove the cgroups of grading process `pid`, killed (overdue, interrupted) before it could."""
+    root = pids_root()
+    for name in sorted(os.listdir(root)) if root else []:
+        if name.startswith(f"{PREFIX}{pid}-"):
+            PidsCgroup(name).remove()

@@ -24,7 +24,7 @@ import time
 
 import nbformat
 
-from helpers.grading import gradebook
+from helpers.grading import cgroup, gradebook
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
 from helpers.grading.execute import Limits
@@ -106,6 +106,8 @@ def run_class(task, students, jobs, hard_limit, ctx=None):
         finally:  # interrupted: no student's grading outlives the class's
             for process, _, _ in running.values():
                 process.kill()
+                process.join()
+                cgroup.remove_left_by(process.pid)
 
 
 def _reap(task, running, hard_limit, progress):
@@ -118,6 +120,8 @@ def _reap(task, running, hard_limit, progress):
         if overdue:
             process.kill()  # its kernels' sandboxes die with it (bwrap --die-with-parent)
         process.join()
+        if overdue:
+            cgroup.remove_left_by(process.pid)  # killed before its own cleanup could remove them
         del running[sentinel]
         _check_result(task, student, process.exitcode, overdue, hard_limit, time.monotonic() - began)
         progress.finished(student)

@@ -30,7 +30,7 @@ import sys
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from helpers.grading.cgroup import PidsCgroup, pids_root
+from helpers.grading.cgroup import PREFIX, PidsCgroup, pids_root
 
 NOBODY_UID = NOBODY_GID = 65534
 # System directories a Python needs; on merged-/usr systems /bin, /lib... are symlinks into /usr.
@@ -217,7 +217,7 @@ def make_kernel_manager(workdir, limits):
     km.drop_user = limits.fences.drop_user
     argv = kernel_argv(workdir, limits)
     if limits.fences.pids:
-        km.cgroup = PidsCgroup(f"dp-grade-{os.getpid()}-{next(_serial)}", limits.max_tasks)
+        km.cgroup = PidsCgroup(f"{PREFIX}{os.getpid()}-{next(_serial)}", limits.max_tasks)
         argv = km.cgroup.enter_argv() + argv
     # "message": the kernel interrupts itself. A signal would reach bwrap, outside the kernel's session.
     km._kernel_spec = KernelSpec(argv=argv, env=kernel_env(workdir, limits.preload_dynamo), display_name="graded",

@@ -14,6 +14,7 @@ import pytest
 
 from helpers.grading import grade as grading
 from helpers.grading import state as run_state
+from helpers.grading.cgroup import PREFIX, pids_root
 from helpers.grading.grade_student import Task
 from helpers.grading.report import load_results
 from helpers.grading.sandbox import Fences, available_fences
@@ -272,8 +273,16 @@ def test_resume_needs_the_same_run(two_students, tmp_path):
         run_state.load_or_start(out, "97", "another fingerprint", fresh=False)
 
 
+def _dead_graders_cgroups():
+    """pids cgroups of grading processes that are gone: what a killed grader left behind."""
+    root = pids_root()
+    names = [n for n in os.listdir(root) if n.startswith(PREFIX)] if root else []
+    return {n for n in names if not os.path.exists(f"/proc/{n[len(PREFIX):].split('-')[0]}")}
+
+
 def test_an_overdue_student_is_a_grader_error_and_the_class_goes_on(two_students):
     root, subs, out = two_students
+    left_before = _dead_graders_cgroups()
     state = json.loads((out / "state.json").read_text())
     released = nbformat.read(root / "labs" / "97_fixture.ipynb", as_version=4)
     task = Task("97", released, str(root / "probes"), state["expected"], state["seed"], str(out),
@@ -283,3 +292,4 @@ def test_an_overdue_student_is_a_grader_error_and_the_class_goes_on(two_students
     assert result["status"] == "grader_error"
     assert "grading took longer than 0 s and was stopped" in result["error"]
     assert "partly: grading took longer" in (out / "logs" / "grader.log").read_text()
+    assert _dead_graders_cgroups() <= left_before, "the killed student's kernel cgroup was left behind"

@@ -175,7 +175,9 @@ def test_rank_that_returns_while_others_wait_is_reported_at_once(tmp_path):
     with pytest.raises(CollectiveHang) as info:
         launch(returns_after_one_all_reduce, 3, args=(str(tmp_path),), hang_timeout=30)
     delay = time.time() - float((tmp_path / "returned_at").read_text())
-    assert delay < 1.0, f"the deadlock was reported {delay:.2f} s after rank 1 returned; expected under 1 s"
+    # Under 1 s on a quiet machine; 5 s here because CI's other pytest worker can hold both cores for seconds (a
+    # run measured 3.7 s). The property is "at once, not after hang_timeout (30 s)".
+    assert delay < 5.0, f"the deadlock was reported {delay:.2f} s after rank 1 returned; expected well under 30 s"
     message = str(info.value)
     assert message.startswith("deadlock: rank 1 returned from its function after 1 collective(s), while ranks 0 "
                               "and 2 wait in all_reduce #2, which rank 1 will never join."), message

@@ -249,7 +249,10 @@ class _CudaTiming:
             start = max(start, self.previous.end)  # the stream was busy with the previous collective
         self.previous = None  # resolved: let the chain be freed
         self.start = start
-        self.end = _clock.seconds(self.device, self.end_event) if self.end_event is not None else None
+        end = _clock.seconds(self.device, self.end_event) if self.end_event is not None else None
+        # A stream runs its collectives in order, so none ends before it starts; the end event is recorded
+        # by the Work's callback, and callbacks of two works may run out of order (seen on CI with Gloo).
+        self.end = None if end is None else max(end, start)
         for r in self.records:
             r.start, r.end = self.start, self.end
         self.resolved = True

@@ -36,7 +36,7 @@ import math
 from numbers import Integral, Real
 from typing import NamedTuple
 
-from helpers.theory import collective_time, ring_wire_bytes
+from helpers.theory import collective_time, collectives_per_step, normalize_strategy, ring_wire_bytes
 
 MiB = 2**20
 DDP_BUCKET_CAP_BYTES = 25 * MiB  # torch DDP's default bucket_cap_mb = 25 (MiB)
@@ -268,6 +268,29 @@ def peak_busbw_bytes_per_s(world_size, network, algorithm):
     return ring_wire_bytes("all_reduce", 1, world_size) / cost.seconds_per_byte
 
 
+def strategy_comm_time_s(strategy, num_params, world_size, network, *, bytes_per_element=2):
+    """Bandwidth-only seconds of one step's collectives for a strategy ('ddp', 'zero2', 'full_shard', 'hybrid_shard').
+
+    Each collective of helpers.theory.collectives_per_step moves its ring bytes at NVLink inside a node and at
+    min(NVLink, the node's NICs) across nodes (NCCL's rings); hybrid_shard shards inside each node and its
+    cross-node all-reduces, one per GPU of a node at once, share the node's NICs. Latency is ignored."""
+    _check_network(network)
+    if not isinstance(network, Network):
+        raise ValueError("strategy_comm_time_s needs a Network (nodes, NVLink, NICs); got a Link")
+    g = network.gpus_per_node
+    hybrid = normalize_strategy(strategy) == "hybrid_shard"
+    seconds = 0.0
+    for call in collectives_per_step(strategy, num_params, world_size, group_size=g if hybrid else None):
+        if hybrid and call.op == "all_reduce":
+            bandwidth = network.node_nic_bytes_per_s / g
+        elif call.group_size <= g:
+            bandwidth = network.nvlink_bytes_per_s
+        else:
+            bandwidth = peak_busbw_bytes_per_s(call.group_size, network, "ring")
+        seconds += ring_wire_bytes(call.op, call.numel * bytes_per_element, call.group_size) / bandwidth
+    return seconds
+
+
 def comm_time_s(num_params, world_size, network, *, bytes_per_param=4, bucket_cap_bytes=DDP_BUCKET_CAP_BYTES,
                 algorithm="nccl"):
     """Seconds of all-reduce per step: one all-reduce per bucket of the num_params gradients."""
@@ -320,5 +343,5 @@ def measured_efficiency(world_sizes, step_times_s, *, weak):
 __all__ = ["MiB", "DDP_BUCKET_CAP_BYTES", "BACKWARD_SHARE", "NCCL_BASE_S", "NCCL_NVLINK_HOP_S", "NCCL_NET_HOP_S",
            "TREE_EFFICIENCY", "ALGORITHMS", "Link", "Network", "Cost", "ASSUMED_LINKS", "ASSUMED_NETWORKS",
            "link_from_fit", "bucket_sizes_bytes", "algorithm_cost", "nccl_algorithm", "all_reduce_time_s",
-           "algbw_bytes_per_s", "busbw_bytes_per_s", "peak_busbw_bytes_per_s", "comm_time_s", "step_time_s",
-           "predict_step_time_s", "scaling_efficiency", "measured_efficiency"]
+           "algbw_bytes_per_s", "busbw_bytes_per_s", "peak_busbw_bytes_per_s", "strategy_comm_time_s",
+           "comm_time_s", "step_time_s", "predict_step_time_s", "scaling_efficiency", "measured_efficiency"]

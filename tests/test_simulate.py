@@ -26,6 +26,7 @@ from helpers.simulate import (
     predict_step_time_s,
     scaling_efficiency,
     step_time_s,
+    strategy_comm_time_s,
 )
 from helpers.theory import collective_time, fit_alpha_beta, ring_all_reduce_time
 
@@ -206,6 +207,22 @@ def test_a_one_nic_ring_misses_multi_nic_systems_by_far():
     one_nic = Link("one NIC per ring", 10e-6, 25e9)
     t = all_reduce_time_s(2**30, 16, one_nic)
     assert busbw_bytes_per_s("all_reduce", 2**30, t, 16) / 192e9 - 1 < -0.85
+
+
+def test_strategy_comm_time_puts_each_collective_on_its_links():
+    psi, n = 1e9, 32   # bf16: 2 GB of parameters on 4 DGX A100-like nodes
+    ddp = 2 * 31 / 32 * 2e9 / 200e9                     # the whole world: min(NVLink 300, 8 NICs x 25)
+    assert strategy_comm_time_s("ddp", psi, n, DGX) == pytest.approx(ddp, rel=1e-12)
+    assert strategy_comm_time_s("zero2", psi, n, DGX) == pytest.approx(ddp, rel=1e-12)
+    assert strategy_comm_time_s("full_shard", psi, n, DGX) == pytest.approx(1.5 * ddp, rel=1e-12)
+    hybrid = 3 * 7 / 8 * 2e9 / 300e9 + 2 * 3 / 4 * (2e9 / 8) / (200e9 / 8)   # in-node x 3, then S/8 over 4 nodes
+    assert strategy_comm_time_s("hybrid_shard", psi, n, DGX) == pytest.approx(hybrid, rel=1e-12)
+    # with a NIC per GPU, rings over all GPUs beat HSDP; with one NIC per node HSDP wins
+    assert strategy_comm_time_s("ddp", psi, n, DGX) < strategy_comm_time_s("full_shard", psi, n, DGX) < hybrid
+    one = {s: strategy_comm_time_s(s, psi, n, ONE_NIC) for s in ("ddp", "full_shard", "hybrid_shard")}
+    assert one["hybrid_shard"] < one["ddp"] < one["full_shard"]
+    with pytest.raises(ValueError, match="needs a Network"):
+        strategy_comm_time_s("ddp", psi, n, SLOW)
 
 
 def test_comm_time_sums_one_all_reduce_per_bucket():

@@ -15,7 +15,7 @@ would live on a GPU machine, by the rules CUDA follows:
     .to(rank_device()) of a host tensor -> a new tensor on the device (the old one stays host); .cpu() -> host
     any other op -> host when every tensor input is host (p.grad follows p; param.data = x follows x)
     made by torch.distributed's own code (object collectives, DTensor) -> where torch put it: trusted
-    .to(device) issued by torch.distributed's own code (FSDP1's device_id) -> keeps the tensor's own mark
+    .to("cpu") issued by torch.distributed's own code (FSDP1's device_id) -> keeps the tensor's own mark
 Also DistributedDataParallel refuses a module with host parameters (its C++ buckets are not followed).
 
 Cannot catch: tensors made in C++ outside these rules (trusted), globals a rank function captures from
@@ -116,12 +116,6 @@ class Placement(TorchFunctionMode):
     @staticmethod
     def _move(func, args, kwargs):
         t = args[0]
-        if func is torch.Tensor.to and _called_from_torch_distributed():
-            # FSDP1 moves the module to its device_id: the rank's GPU on a GPU machine, "cpu" here (FSDP1 refuses
-            # cpu:0). Where the tensor would live was decided by the rank's code before: it keeps its mark.
-            out = func(*args, **kwargs)
-            _mark([out], is_host(t))
-            return out
         if func is torch.Tensor.cpu:
             target_host = True
         elif func is torch.Tensor.cuda:
@@ -131,6 +125,10 @@ class Placement(TorchFunctionMode):
         else:
             device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
             target_host = is_host(t) if device is None else torch.device(device) != SENTINEL
+            if target_host and _called_from_torch_distributed():
+                # FSDP1 moves the module to its device_id: the rank's GPU on a GPU machine, "cpu" here (FSDP1
+                # refuses cpu:0). Where the tensor would live was decided by the rank's code: it keeps its mark.
+                target_host = is_host(t)
         if target_host == is_host(t):
             out = func(*args, **kwargs)
         else:  # a GPU machine copies across devices; so do we, and the source keeps its own mark

@@ -15,13 +15,16 @@ would live on a GPU machine, by the rules CUDA follows:
     .to(rank_device()) of a host tensor -> a new tensor on the device (the old one stays host); .cpu() -> host
     any other op -> host when every tensor input is host (p.grad follows p; param.data = x follows x)
     made by torch.distributed's own code (object collectives, DTensor) -> where torch put it: trusted
+    .to("cpu") issued by torch.distributed's own code (FSDP1's device_id) -> keeps the tensor's own mark
 Also DistributedDataParallel refuses a module with host parameters (its C++ buckets are not followed).
 
 Cannot catch: tensors made in C++ outside these rules (trusted), globals a rank function captures from
 the notebook (not followed), CPU-only code in the kernel rather than in a rank (nn.DataParallel), a
 "cpu" DeviceMesh (its tensors are followed, its device string is not), and code that compares
 `t.device == rank_device()` (cpu != cpu:0 under "pretend"). Those are found by `scan_source`, which
-reads cells for GPU-only APIs without a guard and for literal CPU devices. Diagnostic tool: it patches
+reads cells for GPU-only APIs without a guard and for literal CPU devices. Judged host though right on a
+GPU: a factory given device=t.device (under "pretend" every t.device is the CPU); t.new_empty(...) and
+t.new_zeros(...) make the same tensor and are followed. Diagnostic tool: it patches
 nn.Parameter.__new__ and DDP's constructor in the rank process while it runs, and says so here.
 """
 import ast
@@ -102,10 +105,7 @@ class Placement(TorchFunctionMode):
 
     @staticmethod
     def _made(name, args, kwargs, out):
-        import sys
-
-        caller = sys._getframe(2).f_code.co_filename
-        if caller.startswith(_TORCH_DISTRIBUTED):
+        if _called_from_torch_distributed():
             return  # torch.distributed chose the device itself (object collectives, DTensor): trusted
         device = kwargs.get("device")
         if device is None and name.endswith("_like"):
@@ -125,6 +125,10 @@ class Placement(TorchFunctionMode):
         else:
             device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
             target_host = is_host(t) if device is None else torch.device(device) != SENTINEL
+            if target_host and _called_from_torch_distributed():
+                # FSDP1 moves the module to its device_id: the rank's GPU on a GPU machine, "cpu" here (FSDP1
+                # refuses cpu:0). Where the tensor would live was decided by the rank's code: it keeps its mark.
+                target_host = is_host(t)
         if target_host == is_host(t):
             out = func(*args, **kwargs)
         else:  # a GPU machine copies across devices; so do we, and the source keeps its own mark
@@ -132,6 +136,13 @@ class Placement(TorchFunctionMode):
                 else t.clone()
         _mark([out], target_host)
         return out
+
+
+def _called_from_torch_distributed():
+    """Whether the call that reached Placement (two frames up from its helper) is torch.distributed's own code."""
+    import sys
+
+    return sys._getframe(3).f_code.co_filename.startswith(_TORCH_DISTRIBUTED)
 
 
 def _object_collective():

@@ -2,7 +2,7 @@
 
 With DP_COURSE_DEVICE_GUARD=pretend in a chapter's kernel, rank_device() is a stand-in and a collective on a
 tensor that would sit in host memory on a GPU machine fails its cell (helpers/device_guard.py). So every rank
-function of every guarded chapter is checked for the NCCL path on each make test, at no extra run time.
+function of every chapter is checked for the NCCL path on each make test, at no extra run time.
 The variable is set only while a chapter's cells are set up (its kernel starts with the first one) and removed
 after each, so the unit tests on the same pytest worker never see it.
 """
@@ -13,12 +13,6 @@ import pytest
 
 from helpers.device_guard import ENV
 
-# Chapters whose rank functions do not pass yet, and why; remove a name when its chapter is fixed.
-UNGUARDED = {
-    "09_pytorch_fsdp": "HSDP and FSDP cells build tensors with device=grad.device / idx.device and CPU meshes",
-    "10_capstone_gpt": "the capstone wraps a CPU module in DDP and draws batches on the CPU",
-}
-
 
 def _chapter(item):
     path = pathlib.Path(str(item.fspath))
@@ -27,8 +21,7 @@ def _chapter(item):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    chapter = _chapter(item)
-    if chapter is not None and chapter not in UNGUARDED:
+    if _chapter(item) is not None:
         os.environ[ENV] = "pretend"
 
 

@@ -1,4 +1,5 @@
 """The CPU-side device guard (helpers.device_guard): planted CPU-only rank functions fail, correct ones pass."""
+import os
 import re
 import pytest
 import torch
@@ -108,6 +109,21 @@ def test_placement_follows_cuda_rules_in_process():
     assert (nn.Parameter.__new__, nn.parallel.DistributedDataParallel.__init__) == (new, init)
 
 
+def test_a_move_issued_by_torch_distributed_keeps_the_mark():
+    # FSDP1 moves the module to its device_id, which a rank passes as "cpu" on a CPU machine (FSDP1 refuses cpu:0):
+    # that must not make host a parameter the rank put on rank_device(), nor the device of a host one.
+    # The same .to("cpu") in the rank's own code does move to the host.
+    move = "moved = t.to(torch.device('cpu'))"
+    inside = compile(move, os.path.join(device_guard._TORCH_DISTRIBUTED, "fsdp", "_init_utils.py"), "exec")
+    outside = compile(move, __file__, "exec")
+    with Guard("pretend", shipped=()):
+        placed = rank_device()
+        for code, made_on, host in [(inside, placed, False), (inside, None, True), (outside, placed, True)]:
+            scope = {"torch": torch, "t": torch.zeros(3, device=made_on)}
+            exec(code, scope)
+            assert is_host(scope["moved"]) is host, (code.co_filename, made_on)
+
+
 @pytest.mark.parametrize("source, found", [
     ("dp = nn.DataParallel(make_model())", "DataParallel(...) needs a GPU"),
     ("dp = nn.DataParallel(m)\nprint(torch.cuda.device_count())", "DataParallel(...) needs a GPU"),  # a mention
@@ -133,7 +149,6 @@ PLANTED_CELLS = {
 @pytest.mark.timeout(300)
 def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path):
     # make test loads tests/device_guard_plugin.py: a chapter's cells run with the guard pretending.
-    import os
     import subprocess
     import sys
 

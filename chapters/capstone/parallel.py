@@ -102,7 +102,7 @@ class FlatShard:
 
     def full_parameters(self):
         """{name: full tensor}: all-gather the shards (for checking and saving, not for training)."""
-        flat = torch.empty(self.padded_numel, dtype=self.flat_shard.dtype, device=self.flat_shard.device)
+        flat = self.flat_shard.new_empty(self.padded_numel)              # the shard's dtype and device
         dist.all_gather_single(flat, self.flat_shard.data)
         return {name: flat[offset:offset + shape.numel()].view(shape).clone()
                 for _, _, name, offset, shape in self.slots}

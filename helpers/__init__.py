@@ -3,7 +3,9 @@
 Map of the package:
   launching    launch (launch(fn, world_size)), magic (%%ranks N), backend (NCCL or Gloo),
                worker (the rank side), run (one call seen from the kernel), run_status, rank_output,
-               errors, hang, traceback_text
+               errors, hang, traceback_text, main_guard (scripts need `if __name__ == "__main__":`),
+               on_abort (where a rank was when Gloo aborted it), collective_text (a call as reports print it),
+               collective_check (check_collectives=True: ranks compare each collective before running it)
   instruments  comm (ledger of collectives), memory (model-state bytes, peak memory)
   formulas     theory, theory_comm (ZeRO memory, communication, alpha-beta costs),
                simulate (a DDP step past one machine)
@@ -23,12 +25,12 @@ How `launch` runs ranks, and why:
   a worker exits when its pipe to the kernel closes.
 - NCCL when each rank can have a GPU of its own, Gloo otherwise (helpers.backend).
 """
-from helpers.errors import CollectiveHang, LaunchError, RankFailed
+from helpers.errors import CollectiveHang, CollectiveMismatch, LaunchError, RankFailed
 
 # Eager on purpose: a lazy `launch` would be shadowed by the submodule helpers.launch once imported.
 from helpers.launch import launch
 
-__all__ = ["launch", "LaunchError", "RankFailed", "CollectiveHang", "load_ipython_extension"]
+__all__ = ["launch", "LaunchError", "RankFailed", "CollectiveHang", "CollectiveMismatch", "load_ipython_extension"]
 
 
 def load_ipython_extension(ipython):

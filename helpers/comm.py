@@ -317,9 +317,10 @@ def _kernel(op, spec):
         record = _make_record(name, spec, args)
         tensors = _tensors(args)
         for ledger in ledgers:
-            if ledger._check is not None:  # the device guard (helpers.device_guard) may refuse the call
-                ledger._check(record.op, tensors, record.call_site)
-        device = _cuda_device(tensors)
+            if ledger._check is not None:  # the device guard, the collective check (helpers/) may refuse the call
+                ledger._check(record, tensors, args)
+        ledgers = [ledger for ledger in ledgers if ledger._keep_records]
+        device = _cuda_device(tensors) if ledgers else None
         if device is not None:
             _clock.anchor(device)  # a no-op after the first CUDA collective of the process
             ready = _clock.event(device)
@@ -329,6 +330,8 @@ def _kernel(op, spec):
             out = op.redispatch(keyset & below, *args, **kwargs)
         finally:
             _local.inside = False
+        if not ledgers:  # only checks were open
+            return out
         # One copy per open ledger: nested ledgers each count the call once, with their own label.
         records = [dataclasses.replace(record, start=start, label=ledger._label) for ledger in ledgers]
         for ledger, r in zip(ledgers, records):
@@ -367,12 +370,13 @@ def _uninstall() -> None:
 class CommLedger:
     """Context manager recording every collective this process issues, PyTorch's own included."""
 
-    def __init__(self, check=None):
+    def __init__(self, check=None, keep_records=True):
         self.records: list[CommRecord] = []
+        self._keep_records = keep_records  # False: a ledger that only checks (its records would grow without end)
         self._label: str | None = None
         self._pending: list = []  # (work future, end-stamping callback future)
         self._cuda: list[_CudaTiming] = []  # CUDA collectives, timed when the ledger exits
-        # check(op, tensors, call_site) runs before every collective and may raise to refuse it.
+        # check(record, tensors, args) runs before every collective and may raise to refuse it; args are the c10d op's.
         self._check = check
 
     def __enter__(self) -> CommLedger:

@@ -157,9 +157,11 @@ def _object_collective():
     return False
 
 
-def check_collective(op, tensors, call_site):
+def check_collective(record, tensors, args):
     """Raise DeviceGuardError when one of a collective's tensors is not where rank_device() says."""
     from helpers.backend import rank_device
+
+    op, call_site = record.op, record.call_site
 
     if _object_collective():
         return

@@ -21,3 +21,11 @@ class CollectiveHang(LaunchError):
     def __init__(self, message, reports):
         super().__init__(message)
         self.reports = reports
+
+
+class CollectiveMismatch(LaunchError):
+    """Ranks were about to call different collectives (check_collectives=True); `calls` holds each rank's call."""
+
+    def __init__(self, message, calls):
+        super().__init__(message)
+        self.calls = calls

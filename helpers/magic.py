@@ -25,17 +25,18 @@ _cells = 0
 
 
 def parse_line(line):
-    """Parse `%%ranks 4 --backend gloo --hang-timeout 30 --collect a,b`."""
+    """Parse `%%ranks 4 --backend gloo --hang-timeout 30 --collect a,b --check-collectives`."""
     parser = argparse.ArgumentParser(prog="%%ranks", add_help=False, exit_on_error=False)
     parser.add_argument("world_size", type=int)
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     parser.add_argument("--hang-timeout", type=float, default=30.0)
     parser.add_argument("--collect", default="", help="comma-separated names to bring back per rank")
+    parser.add_argument("--check-collectives", action="store_true", help="compare every collective across ranks")
     try:
         options, extra = parser.parse_known_args(shlex.split(line))
     except (argparse.ArgumentError, SystemExit) as exc:
         raise ValueError(f"%%ranks {line}: {exc}. Usage: %%ranks 4 [--backend auto|gloo|nccl] "
-                         "[--hang-timeout SECONDS] [--collect name1,name2]") from None
+                         "[--hang-timeout SECONDS] [--collect name1,name2] [--check-collectives]") from None
     if extra:
         raise ValueError(f"%%ranks: unknown option(s) {extra}; see `%%ranks?` for the usage")
     options.collect = [n.strip() for n in options.collect.split(",") if n.strip()]
@@ -110,7 +111,8 @@ def ranks(line, cell, user_ns, label=None):
     code = compile(cell, filename, "exec")  # a syntax error shows here, once, not on every rank
     shipped, unsendable = shippable_globals(code, user_ns)
     results = launch(run_cell, options.world_size, args=(cell, filename, shipped, unsendable, options.collect),
-                     backend=options.backend, hang_timeout=options.hang_timeout)
+                     backend=options.backend, hang_timeout=options.hang_timeout,
+                     check_collectives=options.check_collectives)
     for name in options.collect:
         user_ns[name] = [r[name] for r in results]
 
@@ -152,7 +154,8 @@ def register(ipython):
     """Register %%ranks with IPython and start the forkserver in the background of the kernel."""
 
     def ranks_magic(line, cell):
-        """%%ranks N [--backend auto|gloo|nccl] [--hang-timeout S] [--collect a,b]: run the cell on N ranks."""
+        """%%ranks N [--backend auto|gloo|nccl] [--hang-timeout S] [--collect a,b] [--check-collectives]: run the
+        cell on N ranks; --check-collectives compares every collective across ranks before it runs."""
         # IPython counts the cell before running it: the cell on screen is In [execution_count - 1].
         ranks(line, cell, ipython.user_ns, label=f"In [{ipython.execution_count - 1}]")
 

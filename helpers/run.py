@@ -1,17 +1,23 @@
 """One multi-rank call seen from the kernel: start ranks, stream output, collect results, tear down."""
+import signal
 import sys
 import time
 from multiprocessing.connection import wait as wait_any
 
 import cloudpickle
 
-from helpers.errors import CollectiveHang, RankFailed
+from helpers.collective_check import mismatch_text
+from helpers.collective_text import differences
+from helpers.errors import CollectiveHang, CollectiveMismatch, RankFailed
 from helpers.hang import DEADLOCK_HINT, certain_deadlock, deadlock_summary, describe_rank, hang_hint
+from helpers.main_guard import bootstrap_hint
 from helpers.rank_output import RankOutput
 from helpers.run_status import RunStatus
-from helpers.traceback_text import format_rank_error, is_secondary_error
+from helpers.traceback_text import format_abort, format_rank_error, is_secondary_error
 from helpers.worker import main as worker_main
 
+# What the kernel keeps of each rank's stderr (characters): the end of it explains a crash (Gloo's message).
+_STDERR_TAIL = 4000
 # After the first failure, how long to wait for the others (seconds): a crash on one rank makes
 # its peers fail with "connection reset", and the report should name the crash, not the echo.
 _GRACE_S = 0.2
@@ -33,6 +39,9 @@ class Run:
         self.conns, self.procs = [], []
         self.results, self.final_seq = {}, {}
         self.reports = {}  # rank -> its latest answer to ("report",)
+        self.aborts = {}  # rank -> where it was when it got SIGABRT (its last message)
+        self.alive = set()  # ranks whose worker started (sent "started")
+        self.stderr_tail = {}  # rank -> the end of what it wrote to stderr
         self.started, self.asked = time.monotonic(), 0.0
         self.output = RankOutput(sys.stdout, sys.stderr)
         self.status = RunStatus(world_size)
@@ -62,6 +71,12 @@ class Run:
                 kind = message[0]
                 if kind == "out":
                     self.output.write(rank, message[1], message[2])
+                    if message[1] == "stderr":
+                        self.stderr_tail[rank] = (self.stderr_tail.get(rank, "") + message[2])[-_STDERR_TAIL:]
+                elif kind == "aborting":
+                    self.aborts[rank] = message[1]
+                elif kind == "started":
+                    self.alive.add(rank)
                 elif kind == "result":
                     self.results[rank] = cloudpickle.loads(message[1])
                     self.final_seq[rank] = message[2]
@@ -133,7 +148,13 @@ class Run:
         kind = message[0]
         if kind == "died":
             code = message[1]
-            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+            how = f"was killed by signal {_signal_name(-code)}" if code is not None and code < 0 \
+                else f"exited with code {code}"
+            if (self.aborts.get(rank) or {}).get("call"):
+                return RankFailed(self._abort_report(rank, how, failures), rank=rank, exitcode=code)
+            if rank not in self.alive:
+                return RankFailed(f"rank {rank} {how} while starting, before running your function. "
+                                  + bootstrap_hint(), rank=rank, exitcode=code)
             return RankFailed(f"rank {rank} {how} before returning (os._exit, a crash, or out of memory?); "
                               "the other ranks were stopped", rank=rank, exitcode=code)
         if kind == "unpicklable":
@@ -142,7 +163,22 @@ class Run:
                               f"notebook ({info['message']}); return plain data or tensors, e.g. "
                               "t.detach().cpu() or model.state_dict()", rank=rank)
         info = message[1]
+        if info["type"] == "CollectiveMismatch" and info.get("calls"):
+            return CollectiveMismatch(mismatch_text(info["calls"]), calls=info["calls"])
         return RankFailed(format_rank_error(rank, info), rank=rank, exc_type=info["type"])
+
+    def _abort_report(self, rank, how, failures):
+        """A rank aborted inside a collective: where every rank was, and why Gloo says it aborted."""
+        where = {r: ("aborted", report) for r, report in self.aborts.items()}
+        for r, message in failures:
+            if r not in where and message[0] == "error":
+                where[r] = ("raised", message[1])
+            elif r not in where:
+                where[r] = ("died", None)
+        for r in range(self.world_size):
+            if r not in where:  # still running (blocked in the collective?) or finished: ask
+                where[r] = ("running", self._ask_report(r))
+        return format_abort(rank, how, where, self.stderr_tail.get(rank, ""))
 
     def _confirmed(self, blocked, live):
         """The same ranks blocked at the same collectives in fresh reports _CONFIRM_S apart.
@@ -168,7 +204,8 @@ class Run:
                 reports[rank] = self._ask_report(rank)
         blocked = certain_deadlock(list(reports.values()), self.final_seq) or blocked
         lines = [describe_rank(reports[r]) for r in sorted(reports)]
-        message = (deadlock_summary(self.final_seq, blocked) + "\n  " + "\n  ".join(lines) + "\n" + DEADLOCK_HINT)
+        message = (deadlock_summary(self.final_seq, blocked) + "\n  " + "\n  ".join(lines) + "\n"
+                   + _calls_differ(reports.values()) + DEADLOCK_HINT)
         return CollectiveHang(message, reports=[reports[r] for r in sorted(reports)])
 
     def _hang(self, first):
@@ -179,7 +216,7 @@ class Run:
         lines = [describe_rank(reports[r]) for r in sorted(reports)]
         timeout = self.spec["hang_timeout"]
         message = (f"no progress for {timeout:g} s: the ranks are waiting for each other.\n  "
-                   + "\n  ".join(lines) + "\n" + hang_hint(reports.values()))
+                   + "\n  ".join(lines) + "\n" + _calls_differ(reports.values()) + hang_hint(reports.values()))
         return CollectiveHang(message, reports=[reports[r] for r in sorted(reports)])
 
     def _ask_report(self, rank):
@@ -216,6 +253,24 @@ class Run:
             conn.close()
         self.output.flush()
         self.status.clear()
+
+
+def _calls_differ(reports):
+    """'The waiting ranks' calls differ in tensor: ...' and a newline, when the blocked ranks' calls differ; else ''."""
+    calls = {r["rank"]: r["call"] for r in reports if r.get("phase") == "running" and r.get("call")}
+    diff = differences(calls) if len(calls) > 1 else []
+    if not diff:
+        return ""
+    return ("The waiting ranks' calls differ in " + "; ".join(diff) + "; launch(..., check_collectives=True) stops "
+            "at the first call that differs.\n")
+
+
+def _signal_name(number):
+    """'6 (SIGABRT)'."""
+    try:
+        return f"{number} ({signal.Signals(number).name})"
+    except ValueError:
+        return str(number)
 
 
 def _stop(procs, grace):

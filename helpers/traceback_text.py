@@ -1,7 +1,9 @@
 """A rank's exception as the learner wants to read it: their own lines, with source."""
+import re
 import textwrap
 
-from helpers.hang import describe_file, is_user_file, source_line
+from helpers.collective_text import call_text, differences
+from helpers.hang import describe_file, describe_site, is_user_file, source_line
 
 # JupyterLab breaks a long output line anywhere, mid-word included; reports keep their lines this short.
 REPORT_WIDTH = 88
@@ -29,6 +31,58 @@ def format_rank_error(rank, info):
         if line:
             lines.append(f"    {line}")
     lines.append("The other ranks were stopped. Fix the error above and run the cell again.")
+    return "\n".join(lines)
+
+
+# What C++ prints before abort(): `  what():  [enforce fail at .../gloo/transport/tcp/pair.cc:456] <reason>`.
+_WHAT = re.compile(r"what\(\):\s*(?:\[enforce fail at (\S+)\]\s*)?(.*)")
+
+MISMATCH_ADVICE = ("Every rank must call the same collectives in the same order, with the same shapes, dtypes and "
+                   "reduce op. launch(..., check_collectives=True) (%%ranks N --check-collectives) compares the "
+                   "ranks' calls before each collective and names the first that differs.")
+
+
+def abort_reason(stderr):
+    """The reason C++ printed before aborting ('op.preamble.length <= op.nbytes. 8 vs 4. ...'), or None."""
+    found = [m for m in map(_WHAT.search, stderr.splitlines()) if m]
+    if not found:
+        return None
+    where, reason = found[-1].groups()
+    # the path inside Gloo's repository (torch vendors it as third_party/gloo)
+    return f"{reason.strip()} ({where.split('third_party/gloo/')[-1]})" if where else reason.strip()
+
+
+def _rank_line(state, data):
+    """Where one rank was when another aborted: its call and line, and what became of it."""
+    call = (data or {}).get("call") if state != "died" else None
+    if state == "died":
+        return "died too"
+    if state == "raised" and not call:
+        return f"raised {data['type']}: {data['message'].splitlines()[0] if data['message'] else ''}"
+    if not call:
+        return {"finished": "had finished its function", "gone": "no answer (process gone)"}.get(
+            data.get("phase"), "running, not in a collective")
+    if state == "raised":
+        lost = ": it lost its connection to the aborted rank" if is_secondary_error(("error", data)) else ""
+        after = f" (then raised {data['type']}{lost})"
+    else:
+        after = " (aborted there)" if state == "aborted" else " (still waiting there)"
+    return f"{call_text(call)} at {describe_site(call['site'])}{after}"
+
+
+def format_abort(rank, how, where, stderr):
+    """rank aborted inside a collective; where: {rank: (state, report or error info)}, state in
+    aborted / raised / died / running."""
+    lines = [f"rank {rank} {how} inside a collective; the other ranks were stopped. Where each rank was:"]
+    lines += [f"  rank {r}: {_rank_line(*where[r])}" for r in sorted(where)]
+    reason = abort_reason(stderr)
+    if reason:
+        lines.append(f"Gloo's reason, printed by rank {rank} before it aborted: {reason}")
+    calls = {r: data["call"] for r, (state, data) in where.items() if state != "died" and (data or {}).get("call")}
+    diff = differences(calls) if len(calls) > 1 else []
+    if diff:
+        lines.append("The calls differ in " + "; ".join(diff) + ".")
+    lines.append(MISMATCH_ADVICE)
     return "\n".join(lines)
 
 

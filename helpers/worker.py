@@ -1,8 +1,9 @@
 """The rank side of `helpers.launch`: one process per rank, started by the kernel's forkserver.
 
 Protocol on the duplex connection to the kernel (tuples, first item the kind):
-  worker -> kernel: ("out", stream, text) | ("result", bytes, seq) | ("error", info) |
-                    ("unpicklable", info) | ("stuck", report) | ("report", report)
+  worker -> kernel: ("started",) first | ("out", stream, text) | ("result", bytes, seq) | ("error", info) |
+                    ("unpicklable", info) | ("stuck", report) | ("report", report) |
+                    ("aborting", report): the process got SIGABRT and dies next (Gloo's abort on a mismatch)
   kernel -> worker: ("report",) asks for the current state, ("exit",) releases a finished rank.
 """
 import contextlib
@@ -21,8 +22,11 @@ import torch.distributed as dist
 
 from helpers import device_guard
 from helpers.backend import process_group_backend
+from helpers.collective_check import CollectiveCheck
+from helpers.collective_text import collective_call, thread_stack, traceback_stack
 from helpers.comm import CommLedger
 from helpers.hang import describe_main_thread
+from helpers.on_abort import on_abort
 
 # How often the watchdog looks at the main thread (seconds): small next to any hang_timeout.
 _WATCH_PERIOD_S = 0.2
@@ -68,7 +72,7 @@ def capture_output(channel):
     return pumps
 
 
-def release_output(pumps):
+def release_output(pumps, timeout=2.0):
     """Close fds 1 and 2 and wait until the pumps forwarded everything, so output precedes the result."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -77,7 +81,7 @@ def release_output(pumps):
         os.dup2(devnull, fd)  # the pipe's last write end closes: its pump reads EOF
     os.close(devnull)
     for pump in pumps:
-        pump.join(timeout=2.0)
+        pump.join(timeout=timeout)
 
 
 def _pump(read_end, stream, channel):
@@ -96,6 +100,7 @@ class RankState:
         self.rank = rank
         self.phase = "starting"  # starting -> rendezvous -> running -> finished
         self.main_ident = threading.main_thread().ident
+        self.check = None  # the CollectiveCheck, under check_collectives=True
 
     def sequence_number(self):
         """Collectives this rank has issued on the default group (Gloo and NCCL count them)."""
@@ -114,7 +119,12 @@ class RankState:
     def report(self):
         frame = sys._current_frames().get(self.main_ident)
         report = describe_main_thread(frame) if self.phase != "finished" else {}
-        report.update(rank=self.rank, phase=self.phase, seq=self.sequence_number())
+        seq = self.sequence_number()
+        if self.check is not None and self.check.waiting_on_default:
+            seq += 1  # comparing calls before the backend has the collective: count it as issued, as it will be
+        report.update(rank=self.rank, phase=self.phase, seq=seq)
+        if self.phase == "running":
+            report["call"] = collective_call(thread_stack(frame))  # with shapes, for a crash report
         return report
 
 
@@ -149,13 +159,16 @@ def init_group(rank, world_size, spec):
     # "nccl" joins a device-mapped group (helpers.backend): CUDA tensors over NCCL, CPU tensors over Gloo.
     dist.init_process_group(process_group_backend(spec["backend"]), store=store, rank=rank,
                             world_size=world_size, timeout=timeout, device_id=device_id)
+    return store
 
 
-def run_call(fn, args, kwargs, rank, spec):
-    """fn(*args, **kwargs), under the device guard and the collective log when the kernel asked for them."""
+def run_call(fn, args, kwargs, rank, spec, check=None):
+    """fn(*args, **kwargs), under the device guard, the collective check and the collective log when asked for."""
     with contextlib.ExitStack() as stack:
         if spec.get("device_guard"):  # DP_COURSE_DEVICE_GUARD in the kernel (helpers.device_guard)
             stack.enter_context(device_guard.Guard(spec["device_guard"], shipped=(args, kwargs)))
+        if check is not None:  # launch(..., check_collectives=True)
+            stack.enter_context(check)
         ledger = stack.enter_context(CommLedger()) if spec.get("collective_log") else None
         try:
             return fn(*args, **kwargs)
@@ -182,7 +195,9 @@ def error_info(exc):
     frames = [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)]
     frames = [f for f in frames if not f[0].startswith(os.path.dirname(__file__))]
     return {"type": type(exc).__name__, "message": str(exc), "frames": frames,
-            "text": "".join(traceback.format_exception(exc))}
+            "text": "".join(traceback.format_exception(exc)),
+            # the collective it was raised in (a peer's crash shows here), and a CollectiveMismatch's calls
+            "call": collective_call(traceback_stack(exc.__traceback__)), "calls": getattr(exc, "calls", None)}
 
 
 def main(rank, world_size, spec, conn):
@@ -190,16 +205,20 @@ def main(rank, world_size, spec, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts and tears us down
     torch.set_num_threads(spec["threads"])  # several ranks share few cores
     channel = Channel(conn)
+    channel.send("started")  # a rank that dies before this died while multiprocessing prepared it
     state = RankState(rank)
     threading.Thread(target=channel.serve, args=(state,), daemon=True).start()
     pumps = capture_output(channel)
     threading.Thread(target=watch, args=(state, channel, spec["hang_timeout"]), daemon=True).start()
+    on_abort(lambda: _report_abort(channel, state, pumps))
     try:
         state.phase = "rendezvous"
-        init_group(rank, world_size, spec)
+        store = init_group(rank, world_size, spec)
+        if spec.get("check_collectives"):
+            state.check = CollectiveCheck(store)
         state.phase = "running"
         fn, args, kwargs = cloudpickle.loads(spec["call"])
-        result = run_call(fn, args, kwargs, rank, spec)
+        result = run_call(fn, args, kwargs, rank, spec, state.check)
     except BaseException as exc:  # noqa: BLE001 - everything a rank raises goes to the kernel
         state.phase = "finished"
         release_output(pumps)
@@ -209,6 +228,13 @@ def main(rank, world_size, spec, conn):
     release_output(pumps)
     _send_result(channel, result, state)
     _wait_and_exit(channel, 0)
+
+
+def _report_abort(channel, state, pumps):
+    """Runs in the thread that called abort(): where the main thread is, after what C++ printed (Gloo's why)."""
+    report = state.report()
+    release_output(pumps, timeout=0.5)
+    channel.send("aborting", report)
 
 
 def _send_result(channel, result, state):

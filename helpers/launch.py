@@ -10,7 +10,6 @@ script's main module again in every worker.
 """
 import itertools
 import multiprocessing
-import multiprocessing.forkserver
 import multiprocessing.process
 import multiprocessing.util
 import os
@@ -23,7 +22,7 @@ import threading
 import cloudpickle
 import torch.distributed as dist
 
-from helpers import device_guard
+from helpers import device_guard, forkserver
 from helpers.backend import gpu_count, select_backend
 from helpers.errors import LaunchError
 from helpers.main_guard import require_main_guard
@@ -46,7 +45,7 @@ class Runtime:
         # DP_COURSE_PRELOAD_DYNAMO=0 skips it where no rank needs it: the grader, for a lab without DDP or
         # an optimizer, saves 1.3 s of CPU per student (lab 03: 7.7 -> 6.1 s).
         dynamo = ["torch._dynamo"] if os.environ.get("DP_COURSE_PRELOAD_DYNAMO", "1") != "0" else []
-        self.context.set_forkserver_preload(["helpers.worker", *dynamo])
+        self.preload = ["helpers.worker", *dynamo]
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
         self.calls = itertools.count()
 
@@ -94,14 +93,15 @@ def warm_up():
     require_forkserver()
     runtime()
     _short_socket_dir()
+    preload = runtime().preload
     if threading.current_thread() is not threading.main_thread():
-        multiprocessing.forkserver.ensure_running()
+        forkserver.ensure_running(preload)
         return
     # The forkserver ignores SIGINT only once its preload finished; an interrupt during those seconds
     # (Jupyter signals the kernel's whole process group) would kill it. SIG_IGN survives exec.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        multiprocessing.forkserver.ensure_running()
+        forkserver.ensure_running(preload)
     finally:
         signal.signal(signal.SIGINT, previous)
 

@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
-import multiprocessing.forkserver
 import pathlib
 import re
 import sys
@@ -24,6 +23,7 @@ import time
 
 import nbformat
 
+from helpers import forkserver
 from helpers.grading import cgroup, gradebook
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
@@ -83,10 +83,8 @@ def _context():
     # A forkserver with the grading modules imported: each student's process is a cheap fork of it, yet
     # nothing of this process (threads, zmq sockets of the solution's run) leaks into it. Started before the
     # solution's run, it imports them (about 2.5 s) meanwhile.
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["helpers.grading.grade_student"])
-    multiprocessing.forkserver.ensure_running()
-    return ctx
+    forkserver.ensure_running(["helpers.grading.grade_student"])  # not a launcher's, if one runs (helpers.forkserver)
+    return multiprocessing.get_context("forkserver")
 
 
 def run_class(task, students, jobs, hard_limit, ctx=None):

@@ -1,15 +1,24 @@
 """Lab 04's public checks: the solution passes them, realistic wrong answers fail with a useful message."""
+import sys
+
+import cloudpickle
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 
 from helpers.grading import check
 from helpers.grading.checks.lab04 import common as lab04
 from helpers.grading.checks.lab04 import q1_assign_buckets
 from helpers.grading.labgen import ROOT
+from helpers.launch import launch
 from tests.lab_solution import assert_report_mentions as assert_fails
 from tests.lab_solution import definitions
 
 SOLUTION = ROOT / "solutions" / "04_bucketing_and_overlap.ipynb"
+
+# Rank functions below travel by value: by reference every rank would import this module and pytest with it.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def solution_namespace(extra_source=""):
@@ -181,8 +190,8 @@ def reducer_with(init_tail="", finalize=""):
     def __init__(self, model, bucket_cap_mb=25.0):
         self.params = [p for p in model.parameters() if p.requires_grad]
         with torch.no_grad():
-            for p in self.params:
-                dist.broadcast(p, src=0)
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t, src=0)
 {init_tail}
 ''' if init_tail else ""
     return f'''
@@ -307,3 +316,25 @@ def test_a_reducer_per_step_fails():
 
 def test_helpers_see_the_tolerance():
     assert lab04.TOL <= 1e-5 and torch.finfo(torch.float32).eps < lab04.TOL
+
+
+# --- the given Reducer constructor ------------------------------------------------------------------
+
+def constructed_state(reducer_class):
+    """A rank's model state after the Reducer's constructor: it began different on every rank."""
+    torch.manual_seed(dist.get_rank())
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    model[0].bias.requires_grad_(False)  # frozen: no gradient, yet part of what every rank must agree on
+    model[1].running_mean += dist.get_rank()  # a buffer
+    reducer_class(model, bucket_cap_mb=25.0)
+    return {name: t.clone() for name, t in model.state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+def test_the_given_reducer_starts_every_rank_from_rank_0s_parameters_and_buffers():
+    # DDP's constructor broadcasts every parameter and buffer (torch/distributed/utils.py, _sync_module_states);
+    # the given code said it did as DDP does while it skipped frozen parameters and buffers.
+    states = launch(constructed_state, 3, args=(solution_namespace()["Reducer"],), backend="gloo", hang_timeout=30)
+    for rank, state in enumerate(states[1:], 1):
+        differ = [name for name, t in states[0].items() if not torch.equal(state[name], t)]
+        assert not differ, f"rank {rank} differs from rank 0 in {differ} after Reducer(model)"

@@ -15,6 +15,7 @@ would live on a GPU machine, by the rules CUDA follows:
     .to(rank_device()) of a host tensor -> a new tensor on the device (the old one stays host); .cpu() -> host
     any other op -> host when every tensor input is host (p.grad follows p; param.data = x follows x)
     made by torch.distributed's own code (object collectives, DTensor) -> where torch put it: trusted
+    made by DDP's own code (Join's flags: device=self.device, its module's) -> trusted: the module was checked
     .to("cpu") issued by torch.distributed's own code (FSDP1's device_id) -> keeps the tensor's own mark
 Also DistributedDataParallel refuses a module with host parameters (its C++ buckets are not followed).
 
@@ -39,6 +40,10 @@ MODES = ("", "pretend", "check")
 SENTINEL = torch.device("cpu", 0)  # what rank_device() returns under "pretend"; tensor.device stays "cpu"
 _HOST = "_dp_course_host"  # attribute on a tensor that would live in host memory on a GPU machine
 _TORCH_DISTRIBUTED = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
+# DistributedDataParallel makes small tensors with device=self.device, the device of its module's parameters (under
+# Join: torch.ones(1, device=self.device), all-reduced every step). Under "pretend" that device is the CPU, so they
+# would be judged host; on a GPU machine they are on the GPU, and DDP's constructor has checked the module already.
+_DDP_FILE = os.path.join(os.path.dirname(torch.__file__), "nn", "parallel", "distributed.py")
 FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange", "linspace",
              "logspace", "eye", "tensor", "as_tensor", "from_numpy", "frombuffer", "empty_strided", "normal",
              "scalar_tensor", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
@@ -105,8 +110,8 @@ class Placement(TorchFunctionMode):
 
     @staticmethod
     def _made(name, args, kwargs, out):
-        if _called_from_torch_distributed():
-            return  # torch.distributed chose the device itself (object collectives, DTensor): trusted
+        if _called_from_torch_distributed() or _called_from_ddp():
+            return  # torch.distributed or DDP chose the device itself (object collectives, DTensor, Join): trusted
         device = kwargs.get("device")
         if device is None and name.endswith("_like"):
             _mark(_flat(out), is_host(args[0]))
@@ -143,6 +148,13 @@ def _called_from_torch_distributed():
     import sys
 
     return sys._getframe(3).f_code.co_filename.startswith(_TORCH_DISTRIBUTED)
+
+
+def _called_from_ddp():
+    """Whether the call that reached Placement (two frames up from its helper) is DistributedDataParallel's code."""
+    import sys
+
+    return sys._getframe(3).f_code.co_filename == _DDP_FILE
 
 
 def _object_collective():

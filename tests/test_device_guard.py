@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.algorithms import Join
 
 from helpers import RankFailed, device_guard, launch
 from helpers.backend import rank_device
@@ -43,6 +44,16 @@ def ddp_of_a_cpu_model():
     nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
 
 
+def ddp_under_join():
+    """DDP's Join all-reduces flags it makes with device=self.device: right on a GPU, so not refused."""
+    dev = rank_device()
+    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2).to(dev))
+    with Join([model]):
+        for _ in range(1 + dist.get_rank()):  # uneven: rank 1 runs one step more
+            model(torch.randn(3, 4, device=dev)).sum().backward()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
 def shipped_tensor(t):
     """A tensor made in the kernel arrives in host memory: it must be moved."""
     dist.broadcast(t, src=0)
@@ -52,6 +63,8 @@ def shipped_tensor(t):
 def test_pretend_fails_planted_cpu_only_rank_functions(monkeypatch):
     monkeypatch.setenv(device_guard.ENV, "pretend")
     assert launch(correct, 2, hang_timeout=HANG_S) == [([2.0, 2.0], [0, 1], "cpu:0")] * 2
+    joined = launch(ddp_under_join, 2, hang_timeout=HANG_S)
+    assert all(torch.equal(a, b) for a, b in zip(*joined)), "Join ends with equal parameters"
     for planted, line in [(data_made_on_the_cpu, "dist.all_reduce(torch.arange(4.0))"),
                           (model_made_on_the_cpu, "dist.all_reduce(model.weight.grad)"),
                           (ddp_of_a_cpu_model, "nn.parallel.DistributedDataParallel(nn.Linear(4, 2))")]:

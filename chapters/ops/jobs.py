@@ -1,0 +1,75 @@
+"""Start torchrun jobs from a notebook cell: output streamed live, a timeout, and no process left behind.
+
+    codes, output = run({"node 0": command_0, "node 1": command_1}, timeout=120)
+
+Every command starts at once, in a session of its own (start_new_session), so its process group holds the
+torchrun agent and every worker the agent starts. Each line a job prints appears in the cell as it comes,
+prefixed with the job's label. When a job ends, on a timeout, on an interrupt or on an error, we signal that
+process group, by the id of the process we started (SIGTERM, then SIGKILL after KILL_GRACE_S): nothing else is
+touched, and nothing of ours survives the call.
+"""
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+
+KILL_GRACE_S = 5.0
+# One thread per rank: the ranks share the cores. (torchrun starts its workers with `python -u`, unbuffered, and
+# they share one pipe: the scripts write each line in one write, train_script.say, or lines interleave.)
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def _pump(label, stream, lines):
+    """Forward a job's output, line by line, to the queue; None marks its end."""
+    for line in stream:
+        lines.put((label, line.rstrip("\n")))
+    lines.put((label, None))
+
+
+def stop(process):
+    """End the process group of a job we started: SIGTERM, then SIGKILL; a group already gone is fine."""
+    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)     # the group's id is the id of the process we started
+        except ProcessLookupError:
+            break                           # no process of the group is left
+        try:
+            process.wait(grace)
+            # The agent has exited; its workers may not have: signal the group again (SIGKILL, next round).
+        except subprocess.TimeoutExpired:
+            continue
+    process.wait()
+
+
+def run(commands, timeout, env=None, cwd=None):
+    """Run {label: argv} concurrently, streaming output; return ({label: exit code}, {label: [lines]})."""
+    environment = {**os.environ, **ENV, **(env or {})}
+    lines, output, processes = queue.Queue(), {label: [] for label in commands}, {}
+    deadline = time.monotonic() + timeout
+    try:
+        for label, argv in commands.items():
+            processes[label] = subprocess.Popen(
+                [str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env=environment, cwd=cwd, start_new_session=True)
+            threading.Thread(target=_pump, args=(label, processes[label].stdout, lines), daemon=True).start()
+        open_streams = len(commands)
+        while open_streams:
+            try:
+                label, line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                tail = "\n".join(f"[{k}] {x}" for k, v in output.items() for x in v[-5:])
+                raise TimeoutError(f"the jobs {list(commands)} ran over timeout={timeout} s and were stopped; "
+                                   f"raise the timeout on a slow machine. Last lines:\n{tail}") from None
+            if line is None:
+                open_streams -= 1
+                continue
+            output[label].append(line)
+            print(f"[{label}] {line}" if len(commands) > 1 else line, flush=True)
+        for process in processes.values():
+            process.wait(max(0.0, deadline - time.monotonic()))
+    finally:
+        for process in processes.values():
+            stop(process)
+    return {label: p.returncode for label, p in processes.items()}, output

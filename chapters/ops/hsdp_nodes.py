@@ -27,7 +27,8 @@ from torch.distributed.fsdp import fully_shard
 if not __package__:  # run as a script (torchrun): make the package `ops` importable
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from helpers.backend import rank_device  # noqa: E402
-from ops.train_script import BATCH_PER_RANK, init_from_env, make_model, rank_batch, say, sha256  # noqa: E402
+from ops.train_script import (  # noqa: E402
+    BATCH_PER_RANK, exit_now, finish, init_from_env, make_model, rank_batch, say)
 
 LR = 0.05
 
@@ -66,16 +67,9 @@ def main(argv=None):
     nodes = int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"])
     say(f"rank {rank}: node (GROUP_RANK) {os.environ['GROUP_RANK']}, LOCAL_RANK {os.environ['LOCAL_RANK']}, "
         f"pid {os.getpid()}")
-    params = train(args.steps, (nodes, int(os.environ["LOCAL_WORLD_SIZE"])))
-    say(f"rank {rank}: final parameters sha256 {sha256(params)}")
-    if rank == 0 and args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(params, args.out)
-    dist.destroy_process_group()
+    finish(train(args.steps, (nodes, int(os.environ["LOCAL_WORLD_SIZE"]))), args.out)
 
 
 if __name__ == "__main__":
     main()
-    sys.stdout.flush()   # leave without the interpreter's teardown, as chapters/ops/train_script.py explains
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now()

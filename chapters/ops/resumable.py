@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 if not __package__:  # run as a script (torchrun): make the package `ops` importable
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from helpers.backend import rank_device  # noqa: E402
-from ops.train_script import HIDDEN, IN, SEED, init_from_env, rank_batch, say, sha256  # noqa: E402
+from ops.train_script import HIDDEN, IN, SEED, exit_now, finish, init_from_env, rank_batch, say  # noqa: E402
 
 BATCH_PER_RANK = 8
 LR = 0.02
@@ -120,17 +120,9 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, help="rank 0 saves the final parameters here")
     args = parser.parse_args(argv)
     init_from_env()
-    params = train(args.steps, args.ckpt, args.crash_rank, args.crash_at)
-    rank = dist.get_rank()
-    say(f"rank {rank}: finished, final parameters sha256 {sha256(params)}")
-    if rank == 0 and args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(params, args.out)
-    dist.destroy_process_group()
+    finish(train(args.steps, args.ckpt, args.crash_rank, args.crash_at), args.out)
 
 
 if __name__ == "__main__":
     main()
-    sys.stdout.flush()   # leave without the interpreter's teardown, as chapters/ops/train_script.py explains
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now()

@@ -97,18 +97,26 @@ def main(argv=None):
     rank = dist.get_rank()
     env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     say(f"rank {rank}: pid {os.getpid()}, backend {dist.get_backend()}, environment {env}")
-    params = train(args.steps)
-    say(f"rank {rank}: final parameters sha256 {sha256(params)}")
-    if rank == 0 and args.out:             # rank-0-only saving: one file, not one per rank
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(params, args.out)
+    finish(train(args.steps), args.out)
+
+
+def finish(params, out):
+    """Every rank prints its checksum; rank 0 alone saves (one file, not one per rank); the group is destroyed."""
+    say(f"rank {dist.get_rank()}: final parameters sha256 {sha256(params)}")
+    if dist.get_rank() == 0 and out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(params, out)
     dist.destroy_process_group()
+
+
+def exit_now():
+    """Leave without the interpreter's teardown: in torch 2.13 a Gloo group can outlive destroy_process_group and
+    race it (chapters/capstone/train_gpt.py measured SIGABRTs after the last line)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     main()
-    # torch 2.13: a Gloo group can outlive destroy_process_group and race the interpreter's teardown
-    # (chapters/capstone/train_gpt.py measured SIGABRTs after the last line): leave without the teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now()

@@ -92,6 +92,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._broadcast_parameters()
         return loss
 
+    def state_dict(self):
+        """This rank's shard: the local optimizer's state dict (ZeroRedundancyOptimizer's local one, before any
+        consolidate_state_dict). Save one per rank; load it on the same rank, with the same groups."""
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Load this rank's shard. The inherited method would replace self.state and lose the local optimizer's."""
+        self.optim.load_state_dict(state_dict)
+        self.state = self.optim.state
+        self._copy_hyperparameters(self.optim.param_groups, self.param_groups)
+
     @torch.no_grad()
     def _broadcast_parameters(self):
         handles = [dist.broadcast(p.data, src=self.owner[p], async_op=True) for p in self._params()]

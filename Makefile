@@ -70,11 +70,14 @@ lab: setup
 # the 2 cores better than one. loadscope keeps a test file (and a notebook's cells, which share one kernel)
 # on one worker, so module fixtures are built once.
 # tests/device_guard_plugin.py runs the chapters with the device guard pretending (the NCCL path, checked on a CPU).
+# tests/warm_kernels.py: the notebooks' kernels (nbval's python3-warm, tests/test_labs.py) are forks of one process
+# per worker that imported torch once; a kernel started the usual way costs ~10 s of CPU before its first cell.
 # The fresh-environment install test (tests/test_install.py, marker `install`) is `make test-install`: it is pip
 # unpacking PyTorch for 3-5 minutes, the same on every run, and .ci/run runs it after `make test`.
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --nbval-lax --nbval-current-env -p no:cacheprovider \
-		-m "not install" -p tests.device_guard_plugin tests $(NOTEBOOKS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --nbval-lax --nbval-kernel-name python3-warm \
+		-p no:cacheprovider -m "not install" -p tests.device_guard_plugin -p tests.warm_kernels \
+		tests $(NOTEBOOKS) $(PYTEST_ARGS)
 
 test-install: setup
 	$(PY) -m pytest -p no:cacheprovider -m install tests/test_install.py $(PYTEST_ARGS)

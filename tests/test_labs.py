@@ -17,6 +17,7 @@ from helpers.grading.assemble import assemble, probe_source, probe_values
 from helpers.grading.check import MIMETYPE
 from helpers.grading.labgen import ROOT, stale_labs, student_source
 from helpers.grading.plain import compare
+from tests.warm_kernels import kernel_name
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "artifacts"
@@ -59,7 +60,7 @@ def execute(notebook, name, kind):
     out = ARTIFACTS / kind / name
     out.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, source)
-    papermill.execute_notebook(str(source), str(out), kernel_name="python3", cwd=str(ROOT / kind),
+    papermill.execute_notebook(str(source), str(out), kernel_name=kernel_name(), cwd=str(ROOT / kind),
                                progress_bar=False, execution_timeout=300)
     return nbformat.read(out, as_version=4)
 

@@ -27,6 +27,15 @@ NEEDS_EVERY_RANK = COLLECTIVES - {
     "init_process_group", "new_group", "destroy_process_group",
 }
 
+# A rank blocked in autograd: DDP's (or a hand-written Reducer's) gradient hooks issue all-reduces during the
+# backward, and the backward waits for them before it returns.
+BACKWARD = "backward (gradient hooks, e.g. DDP's bucket all_reduce)"
+# A rank blocked in DDP's forward: after the first step it broadcasts the new bucket order, and with
+# broadcast_buffers the buffers, before it computes anything.
+DDP_FORWARD = "DDP's forward (its broadcast of the bucket order or of the buffers)"
+_DDP_FILE = os.path.join(_TORCH_DIR, "nn", "parallel", "distributed.py")
+_DDP_FORWARD_STEPS = ("_pre_forward", "_check_and_sync_module_buffers", "_sync_buffers")
+
 # Notebook cells the kernel knows by another name: {filename: "In [7]"} (the %%ranks magic registers its cells).
 _CELL_NAMES = {}
 
@@ -59,7 +68,9 @@ def describe_main_thread(frame):
                 op = code.co_name
                 world = _on_default_group(frame)
             elif code.co_name in ("backward", "_engine_run_backward"):
-                op = "backward (gradient hooks, e.g. DDP's bucket all_reduce)"
+                op = BACKWARD
+            elif code.co_filename == _DDP_FILE and code.co_name in _DDP_FORWARD_STEPS:
+                op = DDP_FORWARD
             elif code.co_name == "wait":
                 op = "wait on an async work handle"
         if site is None and is_user_file(code.co_filename):
@@ -131,12 +142,15 @@ def certain_deadlock(reports, finished):
 
     finished: {rank: collectives it issued before returning}. A collective on the default group numbered past
     that count needs the finished rank too, so it cannot complete; only the process-group timeout would end it.
+    A rank blocked in a backward has issued that collective from a gradient hook (seq counts the default group
+    only) and its backward waits for it; one blocked in DDP's forward waits for the broadcast it issued: the same
+    dead end, although their frames cannot name the group.
     """
     if not finished:
         return []
     fewest = min(finished.values())
-    return [r for r in reports if r.get("phase") == "running" and r.get("op") in NEEDS_EVERY_RANK
-            and r.get("world") and r.get("seq", -1) > fewest >= 0]
+    return [r for r in reports if r.get("phase") == "running" and r.get("seq", -1) > fewest >= 0
+            and (r.get("op") in NEEDS_EVERY_RANK and r.get("world") or r.get("op") in (BACKWARD, DDP_FORWARD))]
 
 
 def _ranks_text(ranks):

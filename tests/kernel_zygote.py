@@ -14,9 +14,9 @@ Closing the connection before that kills the kernel's session.
 Why a fork is safe here: nothing in this process starts a thread or a ZeroMQ context before forking (importing
 torch starts one native thread, as it does in multiprocessing's own forkserver, which forks ranks the same way).
 """
+import importlib
 import json
 import os
-import runpy
 import selectors
 import signal
 import socket
@@ -25,14 +25,14 @@ import sys
 # As ipykernel sets it in a kernel whose environment lacks it, before matplotlib is imported here.
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers.worker", "helpers", "cloudpickle",
-           "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib.pyplot", "nbformat"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers", "helpers.worker", "helpers.kernel",
+           "cloudpickle", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib.pyplot", "nbformat"]
 MAX_REQUEST = 1 << 20
 
 
 def main(path):
     for name in PRELOAD:
-        __import__(name)
+        importlib.import_module(name)
     base_path = list(sys.path[1:])  # sys.path[0] is this file's directory; a kernel's is its working directory
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
@@ -164,12 +164,10 @@ def become_kernel(request, fds, ready_w, sockets, base_path):
         argv = request["argv"]
         if argv[1:3] != ["-m", "ipykernel_launcher"]:
             raise ValueError(f"the zygote starts `python -m ipykernel_launcher ...` only, not {argv}")
-        from helpers.launch import start_forkserver_by_fork
-        start_forkserver_by_fork()  # before ipykernel starts its threads
         os.write(ready_w, b"1")
         os.close(ready_w)
-        sys.argv = ["ipykernel_launcher", *argv[3:]]
-        runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
+        from helpers.kernel import main as run_kernel  # imported already (PRELOAD)
+        run_kernel(argv[3:])  # its forkserver forked before ipykernel starts a thread
     except SystemExit as exc:
         os._exit(exc.code if isinstance(exc.code, int) else 1)
     except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop

@@ -178,9 +178,10 @@ def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path
         nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]),
                        chapters / f"{name}.ipynb")
     env = {k: v for k, v in os.environ.items() if k != device_guard.ENV}
+    # make test's kernels (tests/warm_kernels.py): forks of a process that imported torch once
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.device_guard_plugin", "-p", "no:cacheprovider",
-                           "--nbval-lax", "--nbval-current-env", "-q", "--color=no", str(chapters)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=280)
+                           "-p", "tests.warm_kernels", "--nbval-lax", "--nbval-kernel-name", "python3-warm", "-q",
+                           "--color=no", str(chapters)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert "1 failed, 5 passed" in done.stdout, done.stdout[-3000:]
     # pytest ends the FAILED line with " - <reason>" when the terminal is wide enough for it.
     assert re.search(r"98_planted\.ipynb::Cell 2\b", done.stdout) and "DeviceGuardError" in done.stdout, done.stdout[-3000:]

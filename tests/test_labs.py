@@ -61,7 +61,10 @@ def execute(notebook, name, kind):
     out.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, source)
     papermill.execute_notebook(str(source), str(out), kernel_name=kernel_name(), cwd=str(ROOT / kind),
-                               progress_bar=False, execution_timeout=300)
+                               progress_bar=False, execution_timeout=300,
+                               # a graceful shutdown waits ~2.6 s for multiprocessing's resource tracker, which
+                               # ignores SIGTERM, until jupyter_client kills the session anyway (measured)
+                               shutdown_kernel="immediate")
     return nbformat.read(out, as_version=4)
 
 

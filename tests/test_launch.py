@@ -186,6 +186,36 @@ def test_rank_that_returns_while_others_wait_is_reported_at_once(tmp_path):
     assert "no progress for" not in message
 
 
+def one_rank_skips_a_ddp_step(stamp_dir, steps):
+    """Rank 1 returns after steps - 1 DDP steps; rank 0 runs one more, waiting in a DDP collective."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    for _ in range(steps - (dist.get_rank() == 1)):
+        model(torch.ones(2, 4)).sum().backward()
+    if dist.get_rank() == 1:
+        with open(os.path.join(stamp_dir, "returned_at"), "w") as f:
+            f.write(repr(time.time()))
+
+
+# DDP's collectives in forward and backward: no torch.distributed function on the stack to name them. Lab 05's
+# commonest mistake (an all-reduce per micro-batch, with micro-batch counts that differ between ranks) waited
+# the whole hang_timeout before. Step 2's forward broadcasts the rebuilt bucket order; step 3's backward only
+# all-reduces. rank 1's counts as measured in torch 2.13: 3 in the constructor, 1 in step 1, 3 in step 2.
+@pytest.mark.parametrize("steps, finished, where", [
+    (2, 4, "DDP's forward (its broadcast of the bucket order or of the buffers) #5"),
+    (3, 7, "backward (gradient hooks, e.g. DDP's bucket all_reduce) #8"),
+])
+def test_a_rank_blocked_in_ddp_after_a_rank_returned_is_reported_at_once(tmp_path, steps, finished, where):
+    with pytest.raises(CollectiveHang) as info:
+        launch(one_rank_skips_a_ddp_step, 2, args=(str(tmp_path), steps), hang_timeout=30)
+    delay = time.time() - float((tmp_path / "returned_at").read_text())
+    assert delay < 5.0, f"reported {delay:.2f} s after rank 1 returned; expected well under hang_timeout (30 s)"
+    message = str(info.value)
+    assert message.startswith(f"deadlock: rank 1 returned from its function after {finished} collective(s), "
+                              f"while rank 0 waits in {where}, which rank 1 will never join."), message
+    assert "model(torch.ones(2, 4)).sum().backward()" in message
+
+
 def subgroup_after_a_rank_returned():
     """Ranks 0 and 2 keep working in a group of their own, and in send/recv, after rank 1 returned."""
     pair = dist.new_group([0, 2])

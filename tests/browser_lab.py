@@ -61,10 +61,13 @@ def feedback_notebook(path):
     nbformat.write(nb, path)
 
 
-def copy_clean(notebook, dest_dir):
+def copy_clean(notebook, dest_dir, through=None):
     """Copy a notebook without outputs, execution counts or saved widget state: what the page then
-    shows was produced in this run."""
+    shows was produced in this run. through: keep the cells up to the first code cell starting with it."""
     nb = nbformat.read(notebook, as_version=4)
+    if through is not None:
+        last = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith(through))
+        nb.cells = nb.cells[:last + 1]
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

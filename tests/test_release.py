@@ -162,7 +162,7 @@ def test_the_release_runs_its_lab_checks_and_collects_its_tests(released):
                            "tests")
     assert collected.returncode == 0, collected.stdout[-3000:]
     makefile = (out / "Makefile").read_text()
-    for module in re.findall(r"-m (tests\.\w+|helpers\.[\w.]+|scripts\.\w+)", makefile):
+    for module in re.findall(r"-[mp] (tests\.\w+|helpers\.[\w.]+|scripts\.\w+)", makefile):  # modules, plugins
         assert release.module_path(module, {str(p.relative_to(out)) for p in out.rglob("*.py")}), module
     for script in re.findall(r"\b(scripts/\w+\.py)", makefile):
         assert (out / script).is_file(), script

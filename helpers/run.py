@@ -39,6 +39,8 @@ class Run:
         self.conns, self.procs = [], []
         self.results, self.final_seq = {}, {}
         self.reports = {}  # rank -> its latest answer to ("report",)
+        self.report_times = {}  # rank -> when that answer came
+        self.first_blocked = {}  # rank -> (seq, time of the answer that first showed it blocked there)
         self.aborts = {}  # rank -> where it was when it got SIGABRT (its last message)
         self.alive = set()  # ranks whose worker started (sent "started")
         self.stderr_tail = {}  # rank -> the end of what it wrote to stderr
@@ -87,7 +89,7 @@ class Run:
                 elif kind == "stuck" and stuck is None:
                     stuck = message[1]
                 elif kind == "report":
-                    self.reports[rank] = message[1]
+                    self.reports[rank], self.report_times[rank] = message[1], time.monotonic()
             if (failures or stuck) and deadline is None:
                 deadline = time.monotonic() + (_GRACE_S if failures else 0.0)
             if deadline is None and live:
@@ -181,18 +183,24 @@ class Run:
         return format_abort(rank, how, where, self.stderr_tail.get(rank, ""))
 
     def _confirmed(self, blocked, live):
-        """The same ranks blocked at the same collectives in fresh reports _CONFIRM_S apart.
+        """Every blocked rank seen at the same collective again in an answer _CONFIRM_S after the first.
 
         A report can be a moment old: a rank seen in all_reduce #25 may have finished it as its peer returned
-        (point-to-point ops make sequence numbers differ between ranks). Chapter 02 hit that false alarm."""
-        key = tuple(sorted((r["rank"], r.get("seq")) for r in blocked))
-        now = time.monotonic()
-        if getattr(self, "suspect", None) != key:
-            self.suspect, self.suspect_at = key, now
-            for rank in live:  # ask again: only fresh answers confirm
-                self.reports.pop(rank, None)
-            return False
-        return now - self.suspect_at >= _CONFIRM_S
+        (point-to-point ops make sequence numbers differ between ranks). Chapter 02 hit that false alarm. Each
+        rank is confirmed on its own answers: waiting for all answers of one round to come together made a
+        3-rank deadlock take up to 8 s on a loaded machine (one answer came, reset the wait, the other came...)."""
+        for rank in set(self.first_blocked) - {r["rank"] for r in blocked}:
+            del self.first_blocked[rank]  # no longer blocked there
+        confirmed = True
+        for report in blocked:
+            rank, seq, at = report["rank"], report.get("seq"), self.report_times.get(report["rank"], 0.0)
+            first = self.first_blocked.get(rank)
+            if first is None or first[0] != seq:
+                self.first_blocked[rank] = (seq, at)
+                confirmed = False
+            elif at - first[1] < _CONFIRM_S:
+                confirmed = False
+        return confirmed
 
     def _deadlock(self, blocked):
         """A CollectiveHang raised at once: a rank returned, and its peers wait in a collective it never joins."""

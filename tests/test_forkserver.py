@@ -22,10 +22,15 @@ def test_the_private_api_it_relies_on_still_exists():
 
 def test_a_forkserver_started_by_another_caller_is_replaced_for_the_ranks():
     # As the class grader does in the same process: its forkserver lacks torch._dynamo and helpers.worker.
+    forkserver._server()._stop()
     forkserver.ensure_running(["json.tool"])
     assert forkserver.preloaded() == ["json.tool"]
-    assert launch(modules_in_rank, 1) == [["helpers.worker", "torch._dynamo"]]
-    assert forkserver.preloaded() == ["helpers.worker", "torch._dynamo"]
+    assert launch(modules_in_rank, 1) == [["helpers.worker", "json.tool", "torch._dynamo"]]
+    assert forkserver.preloaded() == ["json.tool", "helpers.worker", "torch._dynamo"]
+    # ... and then the grader again: everything it needs is there, so the same forkserver serves it
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    forkserver.ensure_running(["json.tool"])
+    assert multiprocessing.forkserver._forkserver._forkserver_pid == pid
 
 
 def test_the_same_preload_keeps_the_running_forkserver():

@@ -171,14 +171,21 @@ def returns_after_one_all_reduce(stamp_dir):
             f.write(repr(time.time()))  # wall clock: comparable across processes
 
 
-def test_rank_that_returns_while_others_wait_is_reported_at_once(tmp_path):
+def deadlock_delay(stamp_dir):
+    """(seconds from rank 1's return to the CollectiveHang, its message) for returns_after_one_all_reduce."""
     with pytest.raises(CollectiveHang) as info:
-        launch(returns_after_one_all_reduce, 3, args=(str(tmp_path),), hang_timeout=30)
-    delay = time.time() - float((tmp_path / "returned_at").read_text())
-    # Under 1 s on a quiet machine; 5 s here because CI's other pytest worker can hold both cores for seconds (a
-    # run measured 3.7 s). The property is "at once, not after hang_timeout (30 s)".
-    assert delay < 5.0, f"the deadlock was reported {delay:.2f} s after rank 1 returned; expected well under 30 s"
-    message = str(info.value)
+        launch(returns_after_one_all_reduce, 3, args=(str(stamp_dir),), hang_timeout=30)
+    return time.time() - float((stamp_dir / "returned_at").read_text()), str(info.value)
+
+
+def test_rank_that_returns_while_others_wait_is_reported_at_once(tmp_path):
+    # 0.25-0.31 s measured (two fresh answers from each blocked rank, 0.2 s apart). The better of two runs: a
+    # loaded CI machine can hold a process back for a second once.
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    delay, message = deadlock_delay(tmp_path / "a")
+    if delay >= 1.0:
+        delay = min(delay, deadlock_delay(tmp_path / "b")[0])
+    assert delay < 1.0, f"the deadlock was reported {delay:.2f} s after rank 1 returned; expected under 1 s"
     assert message.startswith("deadlock: rank 1 returned from its function after 1 collective(s), while ranks 0 "
                               "and 2 wait in all_reduce #2, which rank 1 will never join."), message
     assert "rank 0: blocked in all_reduce #2, called at test_launch.py, line" in message

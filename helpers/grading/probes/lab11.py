@@ -1,0 +1,102 @@
+"""Hidden tests of lab 11 (operating data parallelism). Public in this repository: see the README.
+
+Each probe runs the student's fixed function on ranks with data, sizes, steps and (11.4) the crash step drawn from
+the question's secret seed, and returns raw values: counts, update counts, parameters.
+"""
+from helpers.grading.probes import Probe
+
+SETUP = '''
+import os as _probe_os
+import shutil as _probe_shutil
+import tempfile as _probe_tempfile
+
+import torch as _probe_torch
+import torch.distributed as _probe_dist
+import torch.nn.functional as _probe_F
+from helpers.backend import rank_device as _probe_device
+from helpers.errors import RankFailed as _probe_RankFailed
+from helpers.grading.shared_run import launch_gloo as _probe_launch
+
+
+def _probe_counts():
+    num_classes = 4 + _PROBE_SEED % 4
+    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + _probe_dist.get_rank())
+    top = num_classes - _probe_dist.get_rank()         # rank r never sees the last r classes
+    labels = _probe_torch.randint(0, top, (3 + _PROBE_SEED % 5,), generator=g)
+    return class_counts(labels.to(_probe_device()), num_classes).cpu()
+
+
+def _probe_shards(world_size):
+    out = []
+    for rank in range(world_size):
+        g = _probe_torch.Generator().manual_seed(_PROBE_SEED * 10 + rank)
+        X = _probe_torch.randn(5, 3, generator=g)
+        out.append((X, X.sum(1, keepdim=True) * (1 + rank) + 0.3 * rank))
+    return out
+
+
+def _probe_model():
+    _probe_torch.manual_seed(_PROBE_SEED)
+    return _probe_torch.nn.Linear(3, 1)
+
+
+def _probe_target(world_size, lr):
+    """Halfway between the mean losses before updates k and k + 1, k from the seed: one process, no student code."""
+    model, shards, seen = _probe_model(), _probe_shards(world_size), []
+    for _ in range(2 + _PROBE_SEED % 4 + 2):
+        losses = [_probe_F.mse_loss(model(X), Y) for X, Y in shards]
+        seen.append(sum(l.item() for l in losses) / world_size)
+        model.zero_grad()
+        (sum(losses) / world_size).backward()
+        with _probe_torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    k = 2 + _PROBE_SEED % 4
+    return (seen[k] + seen[k + 1]) / 2
+
+
+def _probe_until(target, lr):
+    model = _probe_model().to(_probe_device())
+    X, Y = (t.to(_probe_device()) for t in _probe_shards(_probe_dist.get_world_size())[_probe_dist.get_rank()])
+    steps = train_until(model, X, Y, target=target, lr=lr, max_steps=12)
+    return {"updates": steps, "params": [p.detach().cpu() for p in model.parameters()]}
+
+
+def _probe_ddp():
+    _probe_torch.manual_seed(_PROBE_SEED)
+    model = WithAuxHead(3 + _PROBE_SEED % 3, 2).to(_probe_device())
+    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 30 + _probe_dist.get_rank())
+    X = _probe_torch.randn(4, 3 + _PROBE_SEED % 3, generator=g).to(_probe_device())
+    Y = _probe_torch.randn(4, 2, generator=g).to(_probe_device())
+    train_ddp(model, X, Y, lr=0.05, steps=2 + _PROBE_SEED % 3)
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def _probe_resume():
+    """Crash at a step from the seed, resume; the resumed run's parameters on every rank."""
+    steps = 4 + _PROBE_SEED % 3
+    crash_at, seed = 1 + _PROBE_SEED % (steps - 1), _PROBE_SEED % 1000
+    root = _probe_tempfile.mkdtemp(prefix="probe11_")
+    path = _probe_os.path.join(root, "ckpt.pt")
+    try:
+        try:
+            _probe_launch(train_resumable, 2, args=(path, steps, seed, crash_at), hang_timeout=20)
+        except _probe_RankFailed as error:
+            if error.exitcode is None:   # an exception in the answer (not the planted crash): report it
+                raise
+        return _probe_launch(train_resumable, 2, args=(path, steps, seed), hang_timeout=20)
+    finally:
+        _probe_shutil.rmtree(root, ignore_errors=True)
+'''
+
+PROBES = [
+    # Sizes, data, steps and the crash step come from the question's secret seed: memorised outputs score 0.
+    Probe("11.1", "3 ranks, 4-7 classes, rank r missing the last r classes",
+          "_probe_launch(_probe_counts, 3, hang_timeout=10, check_collectives=True)", points=2),
+    Probe("11.2", "3 ranks, a target the mean loss reaches after 2-5 updates",
+          "_probe_launch(_probe_until, 3, args=(_probe_target(3, 0.1), 0.1), hang_timeout=10)", points=2),
+    Probe("11.3", "3 ranks, 2-4 steps, an unused auxiliary head",
+          "_probe_launch(_probe_ddp, 3, hang_timeout=10)", points=2),
+    Probe("11.4", "2 ranks, 4-6 steps, a crash at a step from the seed, resumed",
+          "_probe_resume()", points=3, rtol=0.0, atol=0.0),
+]

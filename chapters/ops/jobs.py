@@ -29,18 +29,28 @@ def _pump(label, stream, lines):
 
 
 def stop(process):
-    """End the process group of a job we started: SIGTERM, then SIGKILL; a group already gone is fine."""
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+    """End the process group of a job we started: SIGTERM, then SIGKILL; return once the group is gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)     # the group's id is the id of the process we started
         except ProcessLookupError:
             break                           # no process of the group is left
-        try:
-            process.wait(grace)
-            # The agent has exited; its workers may not have: signal the group again (SIGKILL, next round).
-        except subprocess.TimeoutExpired:
-            continue
+        if _group_ended(process, KILL_GRACE_S):
+            break
     process.wait()
+
+
+def _group_ended(process, grace):
+    """Wait up to grace seconds for every process of the job's group to end (the job itself reaped here)."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        process.poll()
+        try:
+            os.killpg(process.pid, 0)       # signal 0: only asks whether the group still has a process
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def run(commands, timeout, env=None, cwd=None):
@@ -54,14 +64,22 @@ def run(commands, timeout, env=None, cwd=None):
                 [str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 env=environment, cwd=cwd, start_new_session=True)
             threading.Thread(target=_pump, args=(label, processes[label].stdout, lines), daemon=True).start()
-        open_streams = len(commands)
+        open_streams, ended = len(commands), set()
         while open_streams:
             try:
-                label, line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                label, line = lines.get(timeout=0.2)
             except queue.Empty:
-                tail = "\n".join(f"[{k}] {x}" for k, v in output.items() for x in v[-5:])
-                raise TimeoutError(f"the jobs {list(commands)} ran over timeout={timeout} s and were stopped; "
-                                   f"raise the timeout on a slow machine. Last lines:\n{tail}") from None
+                if time.monotonic() > deadline:
+                    tail = "\n".join(f"[{k}] {x}" for k, v in output.items() for x in v[-5:])
+                    raise TimeoutError(f"the jobs {list(commands)} ran over timeout={timeout} s and were stopped; "
+                                       f"raise the timeout on a slow machine. Last lines:\n{tail}") from None
+                # A job that has exited but left a process in its session (a worker the agent did not reap) keeps
+                # the pipe open, and we would wait for the timeout: end the session now.
+                for done in set(processes) - ended:
+                    if processes[done].poll() is not None:
+                        ended.add(done)
+                        stop(processes[done])
+                continue
             if line is None:
                 open_streams -= 1
                 continue

@@ -15,6 +15,20 @@ _LOOP_TAIL = '''
     return max_steps
 '''
 
+def _train_ddp(wrap="DDP(model, find_unused_parameters=True)", forward="ddp(X)", loss=None):
+    """Lab 11.3's answer with one piece changed: the wrapping, the forward call or the loss."""
+    return f'''
+def train_ddp(model, X, Y, *, lr, steps):
+    ddp = {wrap}
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = {loss or f"F.mse_loss({forward}, Y)"}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
 _SAVE = '''
 def save_checkpoint(path, model, optimizer, next_step):
     rng_states = [None] * dist.get_world_size()
@@ -91,35 +105,13 @@ def train_until(model, X, Y, *, target, lr, max_steps):
 
     Mistake("11.3", "the given version: plain DDP", "train_ddp = train_ddp_given",
             ("aux_head got none", "find_unused_parameters=True"), run_fails=True),
-    Mistake("11.3", "no DDP at all", '''
-def train_ddp(model, X, Y, *, lr, steps):
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = F.mse_loss(model(X), Y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-''', ("its own gradient", "call the DDP wrapper")),
-    Mistake("11.3", "forward through ddp.module, so DDP's hooks never run", '''
-def train_ddp(model, X, Y, *, lr, steps):
-    ddp = DDP(model, find_unused_parameters=True)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = F.mse_loss(ddp.module(X), Y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-''', ("its own gradient", "not the bare model or ddp.module")),
-    Mistake("11.3", "the loss divided by the world size, as if DDP summed", '''
-def train_ddp(model, X, Y, *, lr, steps):
-    ddp = DDP(model, find_unused_parameters=True)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = F.mse_loss(ddp(X), Y) / dist.get_world_size()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-''', ("divided by the world size", "DDP already averages")),
+    Mistake("11.3", "no DDP at all", _train_ddp(wrap="model", forward="ddp(X)"),
+            ("its own gradient", "call the DDP wrapper")),
+    Mistake("11.3", "forward through ddp.module, so DDP's hooks never run", _train_ddp(forward="ddp.module(X)"),
+            ("its own gradient", "not the bare model or ddp.module")),
+    Mistake("11.3", "the loss divided by the world size, as if DDP summed",
+            _train_ddp(loss="F.mse_loss(ddp(X), Y) / dist.get_world_size()"),
+            ("divided by the world size", "DDP already averages")),
 
     Mistake("11.4", "no random state in the checkpoint", '''
 def save_checkpoint(path, model, optimizer, next_step):

@@ -1,11 +1,8 @@
 """Shared infrastructure of the course: launching ranks, ledgers, formulas, plots, widgets, grading.
 
-Map of the package:
-  launching    launch (launch(fn, world_size)), magic (%%ranks N), backend (NCCL or Gloo),
-               worker (the rank side), run (one call seen from the kernel), run_status, rank_output,
-               errors, hang, traceback_text, main_guard (scripts need `if __name__ == "__main__":`),
-               on_abort (where a rank was when Gloo aborted it), collective_text (a call as reports print it),
-               collective_check (check_collectives=True: ranks compare each collective before running it)
+Map of the package (the modules a notebook imports are at the top level):
+  launching    launch (launch(fn, world_size); %%ranks N after `%load_ext helpers`), errors (what launch raises),
+               backend (NCCL or Gloo, rank_device()); launcher/ holds how it works (its docstring maps it)
   instruments  comm (ledger of collectives), memory (model-state bytes, peak memory)
   formulas     theory, theory_comm (ZeRO memory, communication, alpha-beta costs),
                simulate (a DDP step past one machine)
@@ -13,9 +10,9 @@ Map of the package:
   grading      grading/ (public checks, lab generation from solutions, the instructor's grader)
 
 How `launch` runs ranks, and why:
-- A forkserver, started once per kernel with torch (and helpers.worker) preloaded, forks fresh worker
-  processes for every call. Plain `fork` from the kernel deadlocks once the kernel has run a multi-threaded
-  op; `spawn` re-imports the main module, so it cannot see functions defined in notebook cells.
+- A forkserver, started once per kernel with torch (and the rank side, launcher/worker.py) preloaded, forks
+  fresh worker processes for every call. Plain `fork` from the kernel deadlocks once the kernel has run a
+  multi-threaded op; `spawn` re-imports the main module, so it cannot see functions defined in notebook cells.
 - The function travels by value (cloudpickle), so a function defined in a cell works.
 - Ranks meet in a TCPStore hosted by the kernel on a port the OS chooses, each call under a key prefix of
   its own, so calls never clash over ports or keys.
@@ -35,6 +32,6 @@ __all__ = ["launch", "LaunchError", "RankFailed", "CollectiveHang", "CollectiveM
 
 def load_ipython_extension(ipython):
     """`%load_ext helpers`: register the %%ranks cell magic and start the forkserver."""
-    from helpers.magic import register
+    from helpers.launcher.magic import register
 
     register(ipython)

@@ -55,7 +55,9 @@ def rank_device():
     """The device this rank computes on: its own GPU under NCCL, the CPU under Gloo."""
     import torch.distributed as dist
 
-    from helpers import device_guard  # the CPU-side check of the NCCL path, off unless asked for
+    from helpers.launcher import (
+        device_guard,  # the CPU-side check of the NCCL path, off unless asked for
+    )
 
     if device_guard.pretending():
         return device_guard.SENTINEL

@@ -93,7 +93,7 @@ _C10D_OPS = {
 
 _P2P = {"send", "recv"}
 # Frames of the ledger and of the device guard (a TorchFunctionMode that sees dist.all_reduce) are not call sites.
-_OWN_FILES = {__file__, os.path.join(os.path.dirname(__file__), "device_guard.py")}
+_OWN_FILES = {__file__, os.path.join(os.path.dirname(__file__), "launcher", "device_guard.py")}
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _AUTOGRAD_DIR = os.path.join(_TORCH_DIR, "autograd") + os.sep
 

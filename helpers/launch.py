@@ -4,7 +4,7 @@ How (the reasons are in the package docstring, helpers/__init__.py): a forkserve
 per kernel with torch preloaded forks fresh worker processes for every call; the function travels
 by value (cloudpickle), so functions defined in notebook cells work; ranks meet in a TCPStore
 hosted by the kernel on an OS-chosen port, under a key prefix of their own per call. The run loop
-itself lives in helpers.run.
+itself lives in helpers.launcher.run.
 From a plain script, guard the call with `if __name__ == "__main__":`: multiprocessing imports the
 script's main module again in every worker.
 """
@@ -22,11 +22,11 @@ import threading
 import cloudpickle
 import torch.distributed as dist
 
-from helpers import device_guard, forkserver
 from helpers.backend import gpu_count, select_backend
 from helpers.errors import LaunchError
-from helpers.main_guard import require_main_guard
-from helpers.run import Run
+from helpers.launcher import device_guard, forkserver
+from helpers.launcher.main_guard import require_main_guard
+from helpers.launcher.run import Run
 
 # Above this, a CPU machine would thrash; raise it deliberately on a big GPU box.
 MAX_WORLD_SIZE = 64
@@ -52,7 +52,7 @@ class Runtime:
         """What every rank of one call needs to know, as plain data."""
         return {"host": "127.0.0.1", "port": self.store.port, "backend": backend,
                 "prefix": f"launch/{os.getpid()}/{next(self.calls)}/", "hang_timeout": hang_timeout,
-                "check_collectives": check_collectives,  # helpers.collective_check
+                "check_collectives": check_collectives,  # helpers.launcher.collective_check
                 "timeout_margin": TIMEOUT_MARGIN_S, "threads": 1, "call": call,
                 # read here, in the kernel: the forkserver's environment is as old as the forkserver
                 "device_guard": device_guard.mode_from_env(),
@@ -63,12 +63,12 @@ class Runtime:
 def preload_modules():
     """What the forkserver imports before it forks a rank (see Runtime)."""
     dynamo = ["torch._dynamo"] if os.environ.get("DP_COURSE_PRELOAD_DYNAMO", "1") != "0" else []
-    return ["helpers.worker", *dynamo]
+    return ["helpers.launcher.worker", *dynamo]
 
 
 def start_forkserver_by_fork():
     """For a kernel launcher, before the kernel starts any thread: the forkserver as a fork of it (see
-    helpers.forkserver.start_by_fork); False where it cannot, and launch() then starts one the usual way."""
+    helpers.launcher.forkserver.start_by_fork); False where it cannot, and launch() then starts one the usual way."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
     _short_socket_dir()
@@ -167,7 +167,7 @@ def launch(fn, world_size, *, args=(), kwargs=None, backend="auto", hang_timeout
 
     check_collectives=True: before each collective the ranks compare their calls, and a difference raises
     CollectiveMismatch instead of a hang, a crash or a wrong result. It adds 0.5 to 6 ms per collective on a
-    shared 2-core machine (helpers.collective_check says how it was measured); off, it costs nothing."""
+    shared 2-core machine (helpers.launcher.collective_check says how it was measured); off, it costs nothing."""
     require_main_guard()
     require_forkserver()
     check_arguments(fn, world_size, hang_timeout, check_collectives)

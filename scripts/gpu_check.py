@@ -5,7 +5,7 @@
 On a machine with 1 to 8 CUDA GPUs each notebook runs under papermill in a fresh kernel with
     BACKEND = "nccl" (where the notebook has the parameter), every *WORLD_SIZE* parameter capped at the GPU
     count (a tuple of world sizes keeps those that fit), DP_COURSE_DEVICE_GUARD=check (a collective on a
-    tensor that is not on rank_device() fails, helpers/device_guard.py), and DP_COURSE_COLLECTIVE_LOG (each
+    tensor that is not on rank_device() fails, helpers/launcher/device_guard.py), and DP_COURSE_COLLECTIVE_LOG (each
     rank writes the device it computed on and every collective it issued: op, device, bytes, times);
 then chapters/capstone/train_gpt.py runs under torchrun on every GPU. The labs' checks stay on Gloo
 (helpers/grading/shared_run.py): what runs on the GPUs is the solutions' own cells.

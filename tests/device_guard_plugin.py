@@ -1,7 +1,7 @@
 """pytest plugin (make test loads it with -p): the chapters run under nbval with the device guard pretending.
 
 With DP_COURSE_DEVICE_GUARD=pretend in a chapter's kernel, rank_device() is a stand-in and a collective on a
-tensor that would sit in host memory on a GPU machine fails its cell (helpers/device_guard.py). So every rank
+tensor that would sit in host memory on a GPU machine fails its cell (helpers/launcher/device_guard.py). So every rank
 function of every chapter is checked for the NCCL path on each make test, at no extra run time.
 The variable is set only while a chapter's cells are set up (its kernel starts with the first one) and removed
 after each, so the unit tests on the same pytest worker never see it.
@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from helpers.device_guard import ENV
+from helpers.launcher.device_guard import ENV
 
 
 def _chapter(item):

@@ -4,7 +4,7 @@ Run by tests/warm_kernels.py (one per pytest worker): `python tests/kernel_zygot
 a pipe from the pytest worker (EOF: kill the kernels, exit). A kernel costs about 10 s of CPU on the 2-core CI
 machine when started the usual way (interpreter, torch, ipykernel, then the launcher's forkserver: a second
 interpreter and torch again); forked from here, well under a second, and its forkserver is a fork too
-(helpers.forkserver.start_by_fork). make test starts about 40 kernels.
+(helpers.launcher.forkserver.start_by_fork). make test starts about 40 kernels.
 
 Protocol, one AF_UNIX connection per kernel: the client sends the length of a JSON request {argv, env, cwd} (8
 bytes) with its stdout and stderr as file descriptors (SCM_RIGHTS), then the request; the zygote answers {"pid": n} once the child leads its own session
@@ -25,7 +25,7 @@ import sys
 # As ipykernel sets it in a kernel whose environment lacks it, before matplotlib is imported here.
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers", "helpers.worker", "helpers.kernel",
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers", "helpers.launcher.worker", "helpers.launcher.kernel",
            "cloudpickle", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib.pyplot", "nbformat"]
 MAX_REQUEST = 1 << 20
 
@@ -166,7 +166,9 @@ def become_kernel(request, fds, ready_w, sockets, base_path):
             raise ValueError(f"the zygote starts `python -m ipykernel_launcher ...` only, not {argv}")
         os.write(ready_w, b"1")
         os.close(ready_w)
-        from helpers.kernel import main as run_kernel  # imported already (PRELOAD)
+        from helpers.launcher.kernel import (
+            main as run_kernel,  # imported already (PRELOAD)
+        )
         run_kernel(argv[3:])  # its forkserver forked before ipykernel starts a thread
     except SystemExit as exc:
         os._exit(exc.code if isinstance(exc.code, int) else 1)

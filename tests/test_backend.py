@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from helpers import worker
 from helpers.backend import select_backend
 from helpers.errors import LaunchError
+from helpers.launcher import worker
 
 
 @pytest.mark.parametrize("requested, world_size, gpus, expected", [
@@ -60,7 +60,7 @@ def test_launch_joins_the_group_its_machine_needs(monkeypatch, gpus, world_size,
     _fake_gpus(monkeypatch, gpus)
     specs = []
 
-    class CapturedRun:  # stands in for helpers.run.Run: no process starts
+    class CapturedRun:  # stands in for helpers.launcher.run.Run: no process starts
         def __init__(self, context, n, spec):
             specs.append(spec)
 

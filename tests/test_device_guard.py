@@ -1,15 +1,17 @@
-"""The CPU-side device guard (helpers.device_guard): planted CPU-only rank functions fail, correct ones pass."""
+"""The CPU-side device guard (helpers.launcher.device_guard): planted CPU-only rank functions fail, correct ones pass."""
 import os
 import re
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms import Join
 
-from helpers import RankFailed, device_guard, launch
+from helpers import RankFailed, launch
 from helpers.backend import rank_device
-from helpers.device_guard import SENTINEL, Guard, is_host, scan_source
+from helpers.launcher import device_guard
+from helpers.launcher.device_guard import SENTINEL, Guard, is_host, scan_source
 
 HANG_S = 30.0
 

@@ -1,16 +1,17 @@
-"""helpers.forkserver: one forkserver per process, restarted when a caller needs other modules preloaded."""
+"""helpers.launcher.forkserver: one forkserver per process, restarted when a caller needs other modules preloaded."""
 import multiprocessing.forkserver
 import sys
 
 import pytest
 
-from helpers import forkserver, launch
+from helpers import launch
+from helpers.launcher import forkserver
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def modules_in_rank():
-    return sorted(m for m in ("torch._dynamo", "helpers.worker", "json.tool") if m in sys.modules)
+    return sorted(m for m in ("torch._dynamo", "helpers.launcher.worker", "json.tool") if m in sys.modules)
 
 
 def test_the_private_api_it_relies_on_still_exists():
@@ -21,12 +22,12 @@ def test_the_private_api_it_relies_on_still_exists():
 
 
 def test_a_forkserver_started_by_another_caller_is_replaced_for_the_ranks():
-    # As the class grader does in the same process: its forkserver lacks torch._dynamo and helpers.worker.
+    # As the class grader does in the same process: its forkserver lacks torch._dynamo and helpers.launcher.worker.
     forkserver._server()._stop()
     forkserver.ensure_running(["json.tool"])
     assert forkserver.preloaded() == ["json.tool"]
-    assert launch(modules_in_rank, 1) == [["helpers.worker", "json.tool", "torch._dynamo"]]
-    assert forkserver.preloaded() == ["json.tool", "helpers.worker", "torch._dynamo"]
+    assert launch(modules_in_rank, 1) == [["helpers.launcher.worker", "json.tool", "torch._dynamo"]]
+    assert forkserver.preloaded() == ["json.tool", "helpers.launcher.worker", "torch._dynamo"]
     # ... and then the grader again: everything it needs is there, so the same forkserver serves it
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
     forkserver.ensure_running(["json.tool"])
@@ -36,5 +37,5 @@ def test_a_forkserver_started_by_another_caller_is_replaced_for_the_ranks():
 def test_the_same_preload_keeps_the_running_forkserver():
     launch(modules_in_rank, 1)
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
-    forkserver.ensure_running(["helpers.worker", "torch._dynamo"])
+    forkserver.ensure_running(["helpers.launcher.worker", "torch._dynamo"])
     assert multiprocessing.forkserver._forkserver._forkserver_pid == pid

@@ -175,7 +175,7 @@ def test_ranks_hang_shows_the_report_in_the_cells_own_terms(kernel):
     assert max(len(line) for line in traceback.splitlines()) <= 88, traceback
     # The full traceback on request: the launcher's frames are there.
     _, full, out = execute_for_error(client, "%tb")
-    assert "helpers/run.py" in (full or "") + out, (full, out)
+    assert "helpers/launcher/run.py" in (full or "") + out, (full, out)
 
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from helpers import CollectiveHang, RankFailed
-from helpers.magic import parse_line, ranks, report_lines
+from helpers.launcher.magic import parse_line, ranks, report_lines
 
 pytestmark = pytest.mark.timeout(60)
 

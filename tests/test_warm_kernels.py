@@ -62,7 +62,7 @@ def test_its_forkserver_was_forked_before_the_first_launch(kernel):
             "print(launch(lambda: __import__('os').getppid(), 2) == [before, before])")
     out, error = run(client, code)
     assert error is None, out
-    assert out.splitlines() == ["True ['helpers.worker', 'torch._dynamo'] True", "True"], out
+    assert out.splitlines() == ["True ['helpers.launcher.worker', 'torch._dynamo'] True", "True"], out
 
 
 def test_an_interrupt_reaches_the_cell(kernel):
@@ -91,7 +91,9 @@ def test_a_killed_kernel_is_seen_dead_with_its_signal():
 
 FORKED = """
 import multiprocessing.forkserver, sys
-from helpers import forkserver, launch
+from helpers import launch
+from helpers.launcher import forkserver
+
 from helpers.launch import start_forkserver_by_fork
 if __name__ == "__main__":
     assert start_forkserver_by_fork(), "declined"

@@ -4,7 +4,7 @@ Started the usual way, a kernel costs about 10 s of CPU on the 2-core CI machine
 anything: an interpreter importing torch and ipykernel, then the launcher's forkserver, a second interpreter
 importing torch and torch._dynamo. make test runs about 40 notebooks, so that was a third of its CPU time.
 Here a kernel is a fork of tests/kernel_zygote.py (one per pytest worker, torch already imported), and its
-forkserver a fork of the kernel before its threads start (helpers.forkserver.start_by_fork).
+forkserver a fork of the kernel before its threads start (helpers.launcher.forkserver.start_by_fork).
 
 How it plugs in: a kernelspec WARM_KERNEL (argv as python3's) whose jupyter_client kernel provisioner,
 WarmProvisioner, is LocalProvisioner with the Popen replaced by ZygoteProcess, which has Popen's methods. nbval

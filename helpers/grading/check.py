@@ -11,8 +11,8 @@ import json
 from helpers.errors import LaunchError, RankFailed
 from helpers.grading.registry import checks_for
 from helpers.grading.shared_run import RunFailed
-from helpers.run_status import in_kernel
-from helpers.traceback_text import wrap_report
+from helpers.launcher.run_status import in_kernel
+from helpers.launcher.traceback_text import wrap_report
 
 # The executed notebook keeps this mimetype's JSON, so CI reads results, not printed text.
 MIMETYPE = "application/vnd.dp-course.check+json"

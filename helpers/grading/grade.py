@@ -23,15 +23,22 @@ import time
 
 import nbformat
 
-from helpers import forkserver
 from helpers.grading import cgroup, gradebook
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
 from helpers.grading.execute import Limits
-from helpers.grading.grade_student import Task, grade_student, result_path, run_one, write_result, zero_marks
+from helpers.grading.grade_student import (
+    Task,
+    grade_student,
+    result_path,
+    run_one,
+    write_result,
+    zero_marks,
+)
 from helpers.grading.progress import Progress
 from helpers.grading.report import load_results, write_lms, write_outputs
 from helpers.grading.sandbox import available_fences
+from helpers.launcher import forkserver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -83,7 +90,7 @@ def _context():
     # A forkserver with the grading modules imported: each student's process is a cheap fork of it, yet
     # nothing of this process (threads, zmq sockets of the solution's run) leaks into it. Started before the
     # solution's run, it imports them (about 2.5 s) meanwhile.
-    forkserver.ensure_running(["helpers.grading.grade_student"])  # not a launcher's, if one runs (helpers.forkserver)
+    forkserver.ensure_running(["helpers.grading.grade_student"])  # not a launcher's, if one runs (helpers.launcher.forkserver)
     return multiprocessing.get_context("forkserver")
 
 

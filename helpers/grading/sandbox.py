@@ -146,8 +146,8 @@ def kernel_argv(workdir, limits):
         argv += _setpriv_argv()
     if limits.fences.sandbox:
         argv += bwrap_argv(workdir, limits.readonly_dirs, limits.hidden_dirs)
-    # helpers.kernel: ipykernel_launcher with the launcher's forkserver forked at start (no second torch import)
-    return argv + [sys.executable, "-m", "helpers.kernel", "-f", "{connection_file}"]
+    # helpers.launcher.kernel: ipykernel_launcher with the launcher's forkserver forked at start (no second torch import)
+    return argv + [sys.executable, "-m", "helpers.launcher.kernel", "-f", "{connection_file}"]
 
 
 # The student's code works in work/ (its cwd and HOME); the kernel's own files live beside it, so

@@ -31,7 +31,7 @@ def notebook(*sources):
 def test_timeout_interrupts_only_that_cell_and_launches_still_work(tmp_path):
     # The interrupt reaches the kernel's whole process group, forkserver included; it must survive (it ignores
     # SIGINT), or the next launch fails. The loop burns a core until the limit: 8 s (the forkserver starts with
-    # the kernel, helpers.kernel, so no cell waits for it), not 30 as when a first launch started it.
+    # the kernel, helpers.launcher.kernel, so no cell waits for it), not 30 as when a first launch started it.
     nb = notebook("%load_ext helpers", "while True:\n    pass", "%%ranks 2\nprint('after the loop')")
     result = execute(nb, str(tmp_path), Limits(cell_seconds=8, total_seconds=120))
     assert [c["status"] for c in result.cells] == ["ok", "timeout", "ok"], errors(nb)

@@ -81,7 +81,7 @@ def graded(tmp_path_factory):
     out = root / "out"
     limits = grading.default_limits([root / "probes", root / "solutions", root / "submissions", out])
     # 10 s a cell: a hung cell costs all of it (two students burn a core that long); no cell waits for the
-    # forkserver's torch import any more (helpers.kernel starts it with the kernel), and 3 ranks start in < 1 s.
+    # forkserver's torch import any more (helpers.launcher.kernel starts it with the kernel), and 3 ranks start in < 1 s.
     limits.cell_seconds, limits.total_seconds, limits.memory_bytes = 10.0, 90.0, 3 * 2**30
     limits.max_tasks = 256  # the fork bomb's copies of the kernel stay within a few GB
     start = time.monotonic()

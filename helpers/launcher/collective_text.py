@@ -3,13 +3,13 @@
 A call is plain data, so it travels from a rank to the kernel:
     {"op": "all_reduce", "args": {"tensor": "float32[4]", "op": "SUM"}, "site": (filename, lineno, function)}
 Crash reports read it from the frame of the torch.distributed function a rank is in (its arguments are that
-frame's locals); collective checks (helpers.collective_check) build it from the op the backend is given.
+frame's locals); collective checks (helpers.launcher.collective_check) build it from the op the backend is given.
 A diagnostic tool: it reads stacks and frame locals, which is its job.
 """
 import torch
 import torch.distributed as dist
 
-from helpers.hang import _TORCH_DIR, COLLECTIVES, is_user_file
+from helpers.launcher.hang import _TORCH_DIR, COLLECTIVES, is_user_file
 
 # Arguments that do not change what a collective moves or computes: left out of the text.
 _IGNORED = {"async_op", "timeout", "device_ids", "device"}

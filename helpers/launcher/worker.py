@@ -20,13 +20,17 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from helpers import device_guard
 from helpers.backend import process_group_backend
-from helpers.collective_check import CollectiveCheck
-from helpers.collective_text import collective_call, thread_stack, traceback_stack
 from helpers.comm import CommLedger
-from helpers.hang import describe_main_thread
-from helpers.on_abort import on_abort
+from helpers.launcher import PACKAGE_DIR, device_guard
+from helpers.launcher.collective_check import CollectiveCheck
+from helpers.launcher.collective_text import (
+    collective_call,
+    thread_stack,
+    traceback_stack,
+)
+from helpers.launcher.hang import describe_main_thread
+from helpers.launcher.on_abort import on_abort
 
 # How often the watchdog looks at the main thread (seconds): small next to any hang_timeout.
 _WATCH_PERIOD_S = 0.2
@@ -165,7 +169,7 @@ def init_group(rank, world_size, spec):
 def run_call(fn, args, kwargs, rank, spec, check=None):
     """fn(*args, **kwargs), under the device guard, the collective check and the collective log when asked for."""
     with contextlib.ExitStack() as stack:
-        if spec.get("device_guard"):  # DP_COURSE_DEVICE_GUARD in the kernel (helpers.device_guard)
+        if spec.get("device_guard"):  # DP_COURSE_DEVICE_GUARD in the kernel (helpers.launcher.device_guard)
             stack.enter_context(device_guard.Guard(spec["device_guard"], shipped=(args, kwargs)))
         if check is not None:  # launch(..., check_collectives=True)
             stack.enter_context(check)
@@ -193,7 +197,7 @@ def write_collective_log(directory, prefix, rank, records):
 def error_info(exc):
     """The exception as plain data; the kernel fills in notebook source lines it alone knows."""
     frames = [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)]
-    frames = [f for f in frames if not f[0].startswith(os.path.dirname(__file__))]
+    frames = [f for f in frames if not f[0].startswith(PACKAGE_DIR + os.sep)]
     return {"type": type(exc).__name__, "message": str(exc), "frames": frames,
             "text": "".join(traceback.format_exception(exc)),
             # the collective it was raised in (a peer's crash shows here), and a CollectiveMismatch's calls

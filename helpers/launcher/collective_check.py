@@ -37,11 +37,18 @@ import sys
 import torch
 import torch.distributed as dist
 
-from helpers.collective_text import (call_text, collective_call, differences, ranks_text, reduce_op_name,
-                                     thread_stack, value_text)
 from helpers.comm import CommLedger
 from helpers.errors import CollectiveMismatch
-from helpers.hang import describe_site, is_user_file
+from helpers.launcher.collective_text import (
+    call_text,
+    collective_call,
+    differences,
+    ranks_text,
+    reduce_op_name,
+    thread_stack,
+    value_text,
+)
+from helpers.launcher.hang import describe_site, is_user_file
 
 # c10d op -> (the name a learner calls it by, argument indices whose shapes and dtypes must agree on every rank,
 # index of the reduce op, index of the root rank). Schemas: torch.ops.c10d.<op>.default._schema.

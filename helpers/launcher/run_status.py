@@ -6,7 +6,7 @@ scripts print nothing extra. The line is one display output, updated in place an
 import sys
 import time
 
-from helpers.hang import COLLECTIVES
+from helpers.launcher.hang import COLLECTIVES
 
 # A run shorter than this needs no progress line (seconds).
 SHOW_AFTER_S = 2.0

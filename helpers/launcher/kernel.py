@@ -1,8 +1,8 @@
-"""`python -m helpers.kernel -f CONNECTION_FILE`: an IPython kernel that starts with the launcher's forkserver.
+"""`python -m helpers.launcher.kernel -f CONNECTION_FILE`: an IPython kernel that starts with the launcher's forkserver.
 
 The usual kernel (`python -m ipykernel_launcher`) starts the forkserver at its first launch: a second interpreter
 that imports torch again (3-4 s of CPU on a 2-core machine). This one imports the forkserver's modules itself,
-forks the forkserver before ipykernel starts any thread (helpers.forkserver.start_by_fork says why that order
+forks the forkserver before ipykernel starts any thread (helpers.launcher.forkserver.start_by_fork says why that order
 matters), then becomes ipykernel_launcher, with the same sys.argv and main module. The class grader starts its
 sandboxed kernels this way, and the tests' kernels (tests/kernel_zygote.py) run main() after their fork.
 Where the fork is not possible (another Python's multiprocessing), launch() starts a forkserver as usual.

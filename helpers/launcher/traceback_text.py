@@ -2,8 +2,13 @@
 import re
 import textwrap
 
-from helpers.collective_text import call_text, differences
-from helpers.hang import describe_file, describe_site, is_user_file, source_line
+from helpers.launcher.collective_text import call_text, differences
+from helpers.launcher.hang import (
+    describe_file,
+    describe_site,
+    is_user_file,
+    source_line,
+)
 
 # JupyterLab breaks a long output line anywhere, mid-word included; reports keep their lines this short.
 REPORT_WIDTH = 88

@@ -1,7 +1,7 @@
 """multiprocessing's forkserver, started with the modules its caller needs.
 
 A process has one forkserver, and its preload is fixed when it starts. The launcher wants torch, torch._dynamo
-and helpers.worker in it; the class grader wants its grading modules. A process that uses both (the test suite,
+and helpers.launcher.worker in it; the class grader wants its grading modules. A process that uses both (the test suite,
 a notebook that grades) otherwise keeps whichever started first: ranks forked from the grader's forkserver then
 import torch._dynamo in every rank (measured: lab 05's check tests 27 s alone, 187 s after a grading test in the
 same pytest process). So a preload that lacks a requested module restarts the forkserver, with both lists.

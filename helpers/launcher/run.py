@@ -6,15 +6,25 @@ from multiprocessing.connection import wait as wait_any
 
 import cloudpickle
 
-from helpers.collective_check import mismatch_text
-from helpers.collective_text import differences
 from helpers.errors import CollectiveHang, CollectiveMismatch, RankFailed
-from helpers.hang import DEADLOCK_HINT, certain_deadlock, deadlock_summary, describe_rank, hang_hint
-from helpers.main_guard import bootstrap_hint
-from helpers.rank_output import RankOutput
-from helpers.run_status import RunStatus
-from helpers.traceback_text import format_abort, format_rank_error, is_secondary_error
-from helpers.worker import main as worker_main
+from helpers.launcher.collective_check import mismatch_text
+from helpers.launcher.collective_text import differences
+from helpers.launcher.hang import (
+    DEADLOCK_HINT,
+    certain_deadlock,
+    deadlock_summary,
+    describe_rank,
+    hang_hint,
+)
+from helpers.launcher.main_guard import bootstrap_hint
+from helpers.launcher.rank_output import RankOutput
+from helpers.launcher.run_status import RunStatus
+from helpers.launcher.traceback_text import (
+    format_abort,
+    format_rank_error,
+    is_secondary_error,
+)
+from helpers.launcher.worker import main as worker_main
 
 # What the kernel keeps of each rank's stderr (characters): the end of it explains a crash (Gloo's message).
 _STDERR_TAIL = 4000

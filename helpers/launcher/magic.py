@@ -17,9 +17,10 @@ import types
 import cloudpickle
 
 from helpers.errors import LaunchError
-from helpers.hang import name_cell
 from helpers.launch import launch, warm_up
-from helpers.traceback_text import wrap_report
+from helpers.launcher import PACKAGE_DIR
+from helpers.launcher.hang import name_cell
+from helpers.launcher.traceback_text import wrap_report
 
 _cells = 0
 
@@ -117,13 +118,12 @@ def ranks(line, cell, user_ns, label=None):
         user_ns[name] = [r[name] for r in results]
 
 
-_HELPERS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _in_launch(tb):
     """Whether a traceback passes through the launcher (an interrupt that stopped ranks, not other code)."""
     while tb is not None:
-        if os.path.dirname(os.path.abspath(tb.tb_frame.f_code.co_filename)) == _HELPERS_DIR:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(PACKAGE_DIR + os.sep):
             return True
         tb = tb.tb_next
     return False

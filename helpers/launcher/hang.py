@@ -8,8 +8,10 @@ import os
 import torch
 import torch.distributed as dist
 
+from helpers.launcher import PACKAGE_DIR
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_HELPERS_DIR = os.path.dirname(__file__)
+_HELPERS_DIR = PACKAGE_DIR
 _STDLIB_DIR = os.path.dirname(os.__file__)
 
 # torch.distributed functions a rank can block in, by the name a learner knows them by.

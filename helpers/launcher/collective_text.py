@@ -59,11 +59,13 @@ def reduce_op_name(op):
 
 def _group_text(group):
     """None for the default group (not worth a word), else 'ranks [0, 2]'."""
+    if isinstance(group, str):  # torch's functional collectives (DTensor, FSDP2) pass the group's name, not the group
+        return f"the group named {group!r}"
     try:
         if group is dist.distributed_c10d._get_default_group():
             return None
         return f"ranks {dist.get_process_group_ranks(group)}"
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError, KeyError):  # KeyError: an object torch does not know as a group
         return "a group"
 
 

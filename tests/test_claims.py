@@ -43,7 +43,8 @@ TORCH_PATH = re.compile(NOT_IN_A_PATH + r"(torch/[\w./\-]+)")
 OTHER_REPO = re.compile(NOT_IN_A_PATH + r"([A-Za-z0-9][\w.\-]*/[\w.\-]+):([\w\-]+(?:[./][\w\-]+)+)(@[0-9A-Za-z]*)?")
 GITHUB_URL = re.compile(r"https?://github\.com/[\w.\-]+/[\w.\-]+/(?:blob|tree)/([^/\s]+)/")
 MD_NAME = re.compile(r"(?<![\w\-/.])([\w\-]+\.md)\b")
-ARXIV = re.compile(r"arXiv(?!\s*:?\s*(?:\d{4}\.\d{4,5}|NNNN\.NNNNN))", re.I)  # NNNN.NNNNN: the form, in prose
+# NNNN.NNNNN: the form, in prose; an arxiv.org/abs/ or /pdf/ address with its id is a reference too
+ARXIV = re.compile(r"arXiv(?!\s*:?\s*(?:\d{4}\.\d{4,5}|NNNN\.NNNNN)|\.org/(?:abs|pdf)/\d{4}\.\d{4,5})", re.I)
 TEAM_NOTES = re.compile(r"\b(?:FACTS|STYLE|DESIGN)\.md\b|\bFACTS\b(?!\.md)|(?<![\w/])shared/")
 HEX_COMMIT = re.compile(r"@[0-9a-f]{7,40}")
 TRAILING = ".,;:)`'\"*"
@@ -130,6 +131,7 @@ def test_no_code_or_docstring_names_a_team_note():
     "huggingface/picotron:picotron/data_parallel/data_parallel.py@main",
     "https://github.com/pytorch/pytorch/blob/main/benchmarks/distributed/ddp/README.md",
     "the ZeRO paper (arXiv, section 7)",
+    "the paper, https://arxiv.org/abs/, section 3",
 ])
 def test_a_planted_bad_reference_is_caught(bad):
     assert problems(f"Some text, then {bad}, and more text.\n") != []
@@ -141,6 +143,7 @@ def test_good_references_pass():
             "`huggingface/picotron:picotron/data_parallel/data_parallel.py@d0efdcc188a4`, "
             "`pytorch/pytorch:torch/csrc/distributed/c10d/ProcessGroupGloo.cpp@c194358a8ee4`, "
             "Rajbhandari et al. 2020, arXiv 1910.02054, section 7.2; see INSTRUCTORS.md; "
+            "https://arxiv.org/abs/1905.13727; "
             "https://download.pytorch.org/whl/cpu")
     assert problems(good) == []
 

@@ -74,8 +74,10 @@ lab: setup
 # per worker that imported torch once; a kernel started the usual way costs ~10 s of CPU before its first cell.
 # The fresh-environment install test (tests/test_install.py, marker `install`) is `make test-install`: it is pip
 # unpacking PyTorch for 3-5 minutes, the same on every run, and .ci/run runs it after `make test`.
+# One intra-op thread per process: the 2 workers' kernels (and the graded ones: helpers/grading/grade.py
+# kernel_threads) with torch's default of every core spin-wait on each other, 17% more CPU seconds measured.
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --nbval-lax --nbval-kernel-name python3-warm \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --nbval-lax --nbval-kernel-name python3-warm \
 		-p no:cacheprovider -m "not install" -p tests.device_guard_plugin -p tests.warm_kernels \
 		tests $(NOTEBOOKS) $(PYTEST_ARGS)
 

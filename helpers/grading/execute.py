@@ -38,6 +38,7 @@ class Limits:
     readonly_dirs: tuple = ()
     log_path: str = ""  # where the kernel's own stdout/stderr go ("" = discarded)
     preload_dynamo: bool = True  # the launcher's forkserver imports torch._dynamo (see helpers/launch.py)
+    threads: int = 0  # torch's intra-op threads in the kernel (OMP_NUM_THREADS); 0 = torch's default, all cores
 
 
 @dataclasses.dataclass

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
+import os
 import pathlib
 import re
 import sys
@@ -146,6 +147,13 @@ def _check_result(task, student, exitcode, overdue, hard_limit, seconds):
         log.write(f"{student}: {why}\n")
 
 
+def kernel_threads(jobs):
+    """Intra-op threads per graded kernel: the cores shared by the kernels that run at once. With torch's
+    default (every core) in each, 2 kernels on 2 cores spin-wait on each other: in make test's own kernels it
+    cost 17% more CPU seconds (tests/test_mistakes.py -k "lab01 or lab06" + chapters 01, 06: 63-67 vs 51-57 s)."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
 def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_dir=None, solutions_dir=None,
           resume=False, only=()):
     """Grade every *.ipynb in submissions into out; return the per-student results (dicts)."""
@@ -155,7 +163,8 @@ def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_d
     setup, probes = probe_files.load(lab, probes_dir)
     limits = limits or default_limits([probes_dir or probe_files.DEFAULT_DIR, solutions_dir or ROOT / "solutions",
                                        submissions, out])
-    limits = dataclasses.replace(limits, preload_dynamo=ranks_need_dynamo(released, setup))
+    limits = dataclasses.replace(limits, preload_dynamo=ranks_need_dynamo(released, setup),
+                                 threads=limits.threads or kernel_threads(jobs))
     for sub in ("executed", "feedback", "results", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     probe_file = pathlib.Path(probes_dir or probe_files.DEFAULT_DIR) / f"lab{lab}.py"

@@ -160,10 +160,12 @@ def working_directory(workdir):
     return os.path.join(workdir, "work")
 
 
-def kernel_env(workdir, preload_dynamo=True):
+def kernel_env(workdir, preload_dynamo=True, threads=0):
     """Environment of the graded kernel: everything writable lives in its own directory."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
     env["DP_COURSE_PRELOAD_DYNAMO"] = "1" if preload_dynamo else "0"
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)  # torch reads it at import (grade.kernel_threads says why)
     kernel = os.path.join(workdir, "kernel")
     env.update(HOME=working_directory(workdir), TMPDIR=os.path.join(kernel, "tmp"),
                MPLCONFIGDIR=os.path.join(kernel, "mpl"), IPYTHONDIR=os.path.join(kernel, "ipython"),
@@ -221,8 +223,9 @@ def make_kernel_manager(workdir, limits):
         km.cgroup = PidsCgroup(f"{PREFIX}{os.getpid()}-{next(_serial)}", limits.max_tasks)
         argv = km.cgroup.enter_argv() + argv
     # "message": the kernel interrupts itself. A signal would reach bwrap, outside the kernel's session.
-    km._kernel_spec = KernelSpec(argv=argv, env=kernel_env(workdir, limits.preload_dynamo), display_name="graded",
-                                 language="python", interrupt_mode="message")
+    env = kernel_env(workdir, limits.preload_dynamo, limits.threads)
+    km._kernel_spec = KernelSpec(argv=argv, env=env, display_name="graded", language="python",
+                                 interrupt_mode="message")
     return km
 
 

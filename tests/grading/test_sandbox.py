@@ -68,3 +68,14 @@ def test_fences_hold_for_a_user_who_is_not_root(tmp_path):
     done = _run(tmp_path, prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"))
     assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "hidden write no", "write no", ""], done.stdout + done.stderr
     assert done.stdout.startswith("pid 2 uid 65534"), done.stdout + done.stderr
+
+
+def test_graded_kernels_share_the_cores_between_jobs(tmp_path):
+    # One intra-op thread pool per kernel over all cores, two kernels at once: they spin-wait on each other.
+    from helpers.grading.grade import kernel_threads
+    from helpers.grading.sandbox import kernel_env
+
+    cores = os.cpu_count()
+    assert kernel_threads(1) == cores and kernel_threads(cores) == 1 and kernel_threads(4 * cores) == 1
+    assert kernel_env(str(tmp_path), threads=3)["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in kernel_env(str(tmp_path))  # 0: torch's own default

@@ -16,7 +16,6 @@ from helpers.grading import probes as probe_files
 from helpers.grading.assemble import assemble, probe_source, probe_values
 from helpers.grading.check import MIMETYPE
 from helpers.grading.labgen import ROOT, stale_labs, student_source
-from helpers.grading.plain import compare
 from tests.warm_kernels import kernel_name
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))

@@ -28,7 +28,7 @@ from helpers.simulate import (
     step_time_s,
     strategy_comm_time_s,
 )
-from helpers.theory import collective_time, fit_alpha_beta, ring_all_reduce_time
+from helpers.theory import fit_alpha_beta, ring_all_reduce_time
 
 SLOW = Link("slow", 10e-6, 25e9)
 DGX = ASSUMED_NETWORKS["dgx_a100"]

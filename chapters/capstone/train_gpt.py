@@ -35,6 +35,7 @@ if not __package__:  # run as a script (torchrun, python): make the package `cap
 from capstone.data import get_batch, load_corpus  # noqa: E402
 from capstone.model import GPT, GPTConfig  # noqa: E402
 from capstone.parallel import ManualDDP, ManualFSDP, clip_grad_norm_sharded  # noqa: E402
+
 # rank_device: the rank's GPU under torchrun's "nccl" and under launch's "cpu:gloo,cuda:nccl", else the CPU
 from helpers.backend import rank_device  # noqa: E402
 from helpers.comm import CommLedger  # noqa: E402

@@ -27,8 +27,7 @@ from torch.distributed.fsdp import fully_shard
 if not __package__:  # run as a script (torchrun): make the package `ops` importable
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from helpers.backend import rank_device  # noqa: E402
-from ops.train_script import (  # noqa: E402
-    BATCH_PER_RANK, exit_now, finish, init_from_env, make_model, rank_batch, say)
+from ops.train_script import BATCH_PER_RANK, exit_now, finish, init_from_env, make_model, rank_batch, say  # noqa: E402
 
 LR = 0.05
 

@@ -45,7 +45,7 @@ def manifest(shipped, out, coverage, allowed_findings, source):
     by_reason = {}
     for p, reason in sorted(out.items()):
         by_reason.setdefault(reason, []).append(p)
-    lines = [f"# What this release leaves out, and why\n",
+    lines = ["# What this release leaves out, and why\n",
              f"Written by `make release` ({source}). {len(shipped)} files shipped, {len(out)} left out.\n"]
     for reason, paths in by_reason.items():
         lines += [f"- **{reason}**:", *[f"  - `{p}`" for p in paths]]

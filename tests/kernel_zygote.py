@@ -7,8 +7,9 @@ interpreter and torch again); forked from here, well under a second, and its for
 (helpers.launcher.forkserver.start_by_fork). make test starts about 40 kernels.
 
 Protocol, one AF_UNIX connection per kernel: the client sends the length of a JSON request {argv, env, cwd} (8
-bytes) with its stdout and stderr as file descriptors (SCM_RIGHTS), then the request; the zygote answers {"pid": n} once the child leads its own session
-(so that a signal to the kernel's process group never reaches the zygote), and {"exit": code} when it ends.
+bytes) with its stdout and stderr as file descriptors (SCM_RIGHTS), then the request; the zygote answers
+{"pid": n} once the child leads its own session (so that a signal to the kernel's process group never reaches
+the zygote), and {"exit": code} when it ends.
 Closing the connection before that kills the kernel's session.
 
 Why a fork is safe here: nothing in this process starts a thread or a ZeroMQ context before forking (importing
@@ -25,8 +26,9 @@ import sys
 # As ipykernel sets it in a kernel whose environment lacks it, before matplotlib is imported here.
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers", "helpers.launcher.worker", "helpers.launcher.kernel",
-           "cloudpickle", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib.pyplot", "nbformat"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers", "helpers.launcher.worker",
+           "helpers.launcher.kernel", "cloudpickle", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib.pyplot",
+           "nbformat"]
 MAX_REQUEST = 1 << 20
 
 

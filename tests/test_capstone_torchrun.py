@@ -50,6 +50,6 @@ def test_loss_decreases_and_parameters_are_identical_on_both_ranks(run):
 @pytest.mark.timeout(300)
 def test_the_four_implementations_agree(run):
     _, output = run
-    last = {strategy: float(l) for rank, strategy, _, l, _ in LINE.findall(output) if rank == "0"}
+    last = {strategy: float(loss) for rank, strategy, _, loss, _ in LINE.findall(output) if rank == "0"}
     assert abs(last["manual_ddp"] - last["ddp"]) < 1e-4, last      # same sums, same order: equal
     assert max(last.values()) - min(last.values()) < 1e-3, last      # FSDP: the norm is summed in another order

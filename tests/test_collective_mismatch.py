@@ -256,7 +256,8 @@ def test_guarded_script_runs(tmp_path):
 def test_rank_that_dies_while_starting_points_at_the_guard(tmp_path):
     # Were the script unreadable to the launcher's check, the ranks themselves would refuse, and the kernel
     # would name the cause of their exit code 1.
-    bypass = NO_GUARD.replace("from helpers import launch", "from helpers import launch\nimport helpers.launcher.main_guard\n"
+    bypass = NO_GUARD.replace("from helpers import launch",
+                              "from helpers import launch\nimport helpers.launcher.main_guard\n"
                               "helpers.launcher.main_guard._guarded = lambda path, lineno: True")
     done = run_script(tmp_path, bypass)
     assert "LaunchError: launch() is called at the top level of train.py" in done.stderr  # printed by a rank

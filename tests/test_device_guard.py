@@ -1,4 +1,5 @@
-"""The CPU-side device guard (helpers.launcher.device_guard): planted CPU-only rank functions fail, correct ones pass."""
+"""The CPU-side device guard (helpers.launcher.device_guard): planted CPU-only rank functions fail, correct ones
+pass."""
 import os
 import re
 
@@ -186,4 +187,5 @@ def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path
                            "--color=no", str(chapters)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert "1 failed, 5 passed" in done.stdout, done.stdout[-3000:]
     # pytest ends the FAILED line with " - <reason>" when the terminal is wide enough for it.
-    assert re.search(r"98_planted\.ipynb::Cell 2\b", done.stdout) and "DeviceGuardError" in done.stdout, done.stdout[-3000:]
+    assert re.search(r"98_planted\.ipynb::Cell 2\b", done.stdout) and "DeviceGuardError" in done.stdout, (
+        done.stdout[-3000:])

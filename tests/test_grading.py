@@ -29,7 +29,8 @@ def test_student_source_replaces_region_at_its_indentation():
 @pytest.mark.parametrize("bad, match", [
     ("### END SOLUTION\n", "line 1: END SOLUTION without a BEGIN"),
     ("### BEGIN SOLUTION (lab 1.1)\nx = 1\n", "lab 1.1 is never closed"),
-    ("### BEGIN SOLUTION (lab 1.1)\n### BEGIN SOLUTION (lab 1.2)\n", "line 2: BEGIN SOLUTION inside the region of lab 1.1"),
+    ("### BEGIN SOLUTION (lab 1.1)\n### BEGIN SOLUTION (lab 1.2)\n",
+     "line 2: BEGIN SOLUTION inside the region of lab 1.1"),
 ])
 def test_malformed_markers_are_reported(bad, match):
     with pytest.raises(MarkerError, match=match):

@@ -20,7 +20,8 @@ SOLUTION = ROOT / "solutions" / "09_pytorch_fsdp.ipynb"
 
 def solution_namespace(override=""):
     """The solution's imports and answers exec'd into a fresh namespace; `override` then redefines some of them."""
-    return lab_solution.namespace(SOLUTION, lambda cell: cell.id in ("lab09-params", "lab09-imports") or lab_solution.is_answer(cell), override)
+    return lab_solution.namespace(
+        SOLUTION, lambda cell: cell.id in ("lab09-params", "lab09-imports") or lab_solution.is_answer(cell), override)
 
 
 def fails_with(check_fn, ns, fragment):

@@ -3,8 +3,9 @@
 The same two runs also exercise the lab's hidden tests (probes): each notebook runs with the grader's probe
 cells spliced in after its answers (helpers.grading.assemble), twice, under two secret seeds. The solution must
 pass every probe, and a value that is right for one seed must fail under the other (an answer memorised for
-one call is worth nothing); the student version must leave every probe "not implemented". One real lab goes through the whole grader in
-tests/grading/test_self_grade.py; running the grader's three kernels for every lab cost minutes of CI.
+one call is worth nothing); the student version must leave every probe "not implemented". One real lab goes
+through the whole grader in tests/grading/test_self_grade.py; running the grader's three kernels for every lab
+cost minutes of CI.
 """
 import secrets
 

@@ -435,7 +435,8 @@ def test_long_tmpdir_does_not_break_the_forkserver_socket(tmp_path):
             "    import torch.distributed as dist\n"
             "    return dist.get_rank()\n"
             "if __name__ == '__main__':\n"
-            "    print(launch(rank, 2), len(tempfile.gettempdir()) > 100, len(multiprocessing.util.get_temp_dir()) <= 70)\n")
+            "    print(launch(rank, 2), len(tempfile.gettempdir()) > 100, "
+            "len(multiprocessing.util.get_temp_dir()) <= 70)\n")
     script = tmp_path / "long_tmpdir.py"
     script.write_text(code)
     done = subprocess.run([sys.executable, str(script)], env={**os.environ, "TMPDIR": str(long_dir)},

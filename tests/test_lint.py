@@ -13,4 +13,5 @@ def test_ruff_finds_nothing():
     ruff = shutil.which("ruff", path=str(ROOT / ".venv" / "bin")) or shutil.which("ruff")
     command = [ruff] if ruff else [sys.executable, "-m", "ruff"]
     done = subprocess.run([*command, "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, f"ruff check found problems (fix them, or run `ruff check --fix .`):\n{done.stdout[-4000:]}"
+    assert done.returncode == 0, ("ruff check found problems (fix them, or run `ruff check --fix .`):\n"
+                                  f"{done.stdout[-4000:]}")

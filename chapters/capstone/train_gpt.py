@@ -53,7 +53,8 @@ class TrainConfig:
     n_head: int = 4
     n_embd: int = 64          # d_model
     lr: float = 2e-3
-    weight_decay: float = 0.1  # on every parameter (nanoGPT spares biases and norms; one group keeps flat shards simple)
+    # on every parameter (nanoGPT spares biases and norms; one group keeps flat shards simple)
+    weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
     log_every: int = 5

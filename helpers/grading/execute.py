@@ -89,8 +89,8 @@ class _CappedClient(NotebookClient):
             return super().output(outs, msg, display_id, cell_index)
         if used <= MAX_OUTPUT_CHARS:
             self.used_chars[cell_index] = MAX_OUTPUT_CHARS + 1
-            outs.append(nbformat.v4.new_output("stream", name="stderr",
-                                               text=f"[grader] output beyond {MAX_OUTPUT_CHARS:,} characters dropped\n"))
+            outs.append(nbformat.v4.new_output(
+                "stream", name="stderr", text=f"[grader] output beyond {MAX_OUTPUT_CHARS:,} characters dropped\n"))
         return None
 
 

@@ -91,7 +91,8 @@ def _context():
     # A forkserver with the grading modules imported: each student's process is a cheap fork of it, yet
     # nothing of this process (threads, zmq sockets of the solution's run) leaks into it. Started before the
     # solution's run, it imports them (about 2.5 s) meanwhile.
-    forkserver.ensure_running(["helpers.grading.grade_student"])  # not a launcher's, if one runs (helpers.launcher.forkserver)
+    # This forkserver is the grader's, not a launcher's, if one runs (helpers.launcher.forkserver).
+    forkserver.ensure_running(["helpers.grading.grade_student"])
     return multiprocessing.get_context("forkserver")
 
 
@@ -240,7 +241,8 @@ def main(argv=None):
         print(f"grade: missing fence: {gap}", file=sys.stderr)
     try:
         results = grade(options.lab, options.submissions, options.out, probes_dir=options.probes,
-                        solutions_dir=options.solutions, labs_dir=options.labs, jobs=options.jobs, resume=options.resume, only=options.only)
+                        solutions_dir=options.solutions, labs_dir=options.labs, jobs=options.jobs,
+                        resume=options.resume, only=options.only)
     except (GradingError, run_state.StateError, FileNotFoundError, ValueError) as exc:
         print(f"grade: {exc}", file=sys.stderr)
         return 2

@@ -52,9 +52,9 @@ class Fences:
         """One-line names of the fences that are not there, with what to do."""
         gaps = []
         if not self.sandbox:
-            gaps.append("no sandbox (install bubblewrap: `apt-get install bubblewrap`; as a non-root user it also needs "
-                        "unprivileged user namespaces): kernels can signal the grader, use the network and read the "
-                        "solutions, the probes and other submissions")
+            gaps.append("no sandbox (install bubblewrap: `apt-get install bubblewrap`; as a non-root user it also "
+                        "needs unprivileged user namespaces): kernels can signal the grader, use the network and "
+                        "read the solutions, the probes and other submissions")
         if not self.memory:
             gaps.append("no memory limit (prlimit from util-linux is missing)")
         if not self.pids:
@@ -88,7 +88,8 @@ def _can_drop_user():
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return False
     probe = subprocess.run([*_setpriv_argv(), "bwrap", *_namespace_flags(as_root=False), "--ro-bind", "/", "/",
-                            "--", sys.executable, "-c", "import os; print(os.__file__)"], capture_output=True, text=True)
+                            "--", sys.executable, "-c", "import os; print(os.__file__)"],
+                           capture_output=True, text=True)
     # A Python under /root starts as nobody but silently picks up another standard library.
     return probe.returncode == 0 and probe.stdout.strip() == os.__file__
 
@@ -146,7 +147,8 @@ def kernel_argv(workdir, limits):
         argv += _setpriv_argv()
     if limits.fences.sandbox:
         argv += bwrap_argv(workdir, limits.readonly_dirs, limits.hidden_dirs)
-    # helpers.launcher.kernel: ipykernel_launcher with the launcher's forkserver forked at start (no second torch import)
+    # helpers.launcher.kernel: ipykernel_launcher with the launcher's forkserver forked at start
+    # (no second torch import)
     return argv + [sys.executable, "-m", "helpers.launcher.kernel", "-f", "{connection_file}"]
 
 

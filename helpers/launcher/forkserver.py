@@ -63,7 +63,8 @@ def start_by_fork(preload):
     preload = list(preload)
     server = _server()
     main = multiprocessing.forkserver.main
-    if server is None or server._forkserver_pid is not None or list(inspect.signature(main).parameters) != _MAIN_PARAMETERS:
+    if (server is None or server._forkserver_pid is not None
+            or list(inspect.signature(main).parameters) != _MAIN_PARAMETERS):
         return False
     for name in preload:
         importlib.import_module(name)

@@ -68,7 +68,8 @@ SUBMISSIONS = {
 FENCES = available_fences()
 HOSTILE = {s: v for s, v in hostile.HOSTILE.items() if FENCES.sandbox and (s != "fork_bomb" or FENCES.pids)}
 CLASS = {**SUBMISSIONS, **HOSTILE}
-needs_sandbox = pytest.mark.skipif(not FENCES.sandbox, reason="no bubblewrap sandbox here: " + "; ".join(FENCES.missing()))
+needs_sandbox = pytest.mark.skipif(not FENCES.sandbox,
+                                   reason="no bubblewrap sandbox here: " + "; ".join(FENCES.missing()))
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,8 @@ def graded(tmp_path_factory):
     out = root / "out"
     limits = grading.default_limits([root / "probes", root / "solutions", root / "submissions", out])
     # 10 s a cell: a hung cell costs all of it (two students burn a core that long); no cell waits for the
-    # forkserver's torch import any more (helpers.launcher.kernel starts it with the kernel), and 3 ranks start in < 1 s.
+    # forkserver's torch import any more (helpers.launcher.kernel starts it with the kernel), and 3 ranks
+    # start in < 1 s.
     limits.cell_seconds, limits.total_seconds, limits.memory_bytes = 10.0, 90.0, 3 * 2**30
     limits.max_tasks = 256  # the fork bomb's copies of the kernel stay within a few GB
     start = time.monotonic()

@@ -21,10 +21,12 @@ def _probe(lab, question):
 SHORTCUTS = [
     ("02", "2.4", "import torch.distributed as dist\ndef ring_all_reduce(t):\n    t = t.clone()\n"
                   "    dist.all_reduce(t)\n    return t\n", "all_reduce"),
-    ("02", "2.2", "def ring_reduce_scatter(t):\n    f = getattr(dist, 'reduce_scatter_tensor')\n", "reduce_scatter_tensor"),
+    ("02", "2.2", "def ring_reduce_scatter(t):\n    f = getattr(dist, 'reduce_scatter_tensor')\n",
+     "reduce_scatter_tensor"),
     ("03", "3.1", "from torch.utils.data import DistributedSampler\ndef shard_indices(n, rank, world_size, **kw):\n"
                   "    return list(DistributedSampler(range(n), world_size, rank, **kw))\n", "DistributedSampler"),
-    ("04", "4.1", "def assign_buckets(params, cap):\n    return dist._compute_bucket_assignment_by_size(params, [cap])\n",
+    ("04", "4.1", "def assign_buckets(params, cap):\n"
+                  "    return dist._compute_bucket_assignment_by_size(params, [cap])\n",
      "_compute_bucket_assignment_by_size"),
     ("06", "6.1", "from helpers import theory\ndef model_state_bytes(*a, **k):\n    return theory.zero_bytes(*a)\n",
      "helpers.theory"),

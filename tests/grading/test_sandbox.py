@@ -58,7 +58,8 @@ def _run(tmp_path, prefix=()):
 
 def test_fences_hold(tmp_path):
     done = _run(tmp_path)
-    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "hidden write no", "write no", ""], done.stdout + done.stderr
+    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "hidden write no", "write no", ""], (
+        done.stdout + done.stderr)
     assert done.stdout.startswith("pid 2 "), "the kernel must be in its own PID namespace"
 
 
@@ -66,7 +67,8 @@ def test_fences_hold(tmp_path):
 def test_fences_hold_for_a_user_who_is_not_root(tmp_path):
     # bwrap then makes an unprivileged user namespace itself; /usr/bin/python3, as nobody cannot run ours.
     done = _run(tmp_path, prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"))
-    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "hidden write no", "write no", ""], done.stdout + done.stderr
+    assert done.stdout.split("\n")[1:] == ["network no", "hidden []", "hidden write no", "write no", ""], (
+        done.stdout + done.stderr)
     assert done.stdout.startswith("pid 2 uid 65534"), done.stdout + done.stderr
 
 

@@ -1,4 +1,5 @@
-"""Hidden tests of lab 05 (accumulation with no_sync, a step-time simulator). Public in this repository: see the README."""
+"""Hidden tests of lab 05 (accumulation with no_sync, a step-time simulator). Public in this repository: see the
+README."""
 from helpers.grading.probes import Probe
 
 SETUP = '''
@@ -39,7 +40,8 @@ def _probe_accumulate(sizes_per_rank, steps):
 
 def _probe_shards(batch, micro_batch_size):
     x = _probe_torch.arange(batch * 2.0).view(batch, 2)
-    return [[xi.tolist(), yi.tolist()] for xi, yi in micro_batches_of_rank(x, _probe_torch.arange(batch), micro_batch_size)]
+    return [[xi.tolist(), yi.tolist()] for xi, yi in \
+micro_batches_of_rank(x, _probe_torch.arange(batch), micro_batch_size)]
 
 def _probe_refuses(batch):
     try:
@@ -64,6 +66,7 @@ PROBES = [
     Probe("5.2", "weak and strong efficiency, 48 GPUs",
           "[scaling_efficiency(1.2e9 * _probe_s, 48, 0.8, _probe_links[k], weak=w, overlap=0.5) "
           "for k in ('fast', 'slow') for w in (True, False)]", points=2),
-    Probe("5.3", "27, 30 or 33 samples on 3 ranks, micro-batches of 4", "_probe_launch(_probe_shards, 3, args=(27 + 3 * (_PROBE_SEED % 3), 4))"),
+    Probe("5.3", "27, 30 or 33 samples on 3 ranks, micro-batches of 4",
+          "_probe_launch(_probe_shards, 3, args=(27 + 3 * (_PROBE_SEED % 3), 4))"),
     Probe("5.3", "a batch of 11 on 2 ranks is refused", "_probe_launch(_probe_refuses, 2, args=(11,))"),
 ]

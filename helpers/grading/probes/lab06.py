@@ -35,7 +35,8 @@ PROBES = [
     Probe("6.1", "ZeRO-2 on 5 devices, fp32 gradients",
           "model_state_bytes(3.3e9 * _probe_s, 5, 2, param_bytes=2, grad_bytes=4, optimizer_bytes=12)"),
     Probe("6.1", "every stage on 7 devices, fp32 Adam",
-          "[model_state_bytes(1e9 * _probe_s, 7, s, param_bytes=4, grad_bytes=4, optimizer_bytes=8) for s in range(4)]"),
+          "[model_state_bytes(1e9 * _probe_s, 7, s, param_bytes=4, grad_bytes=4, optimizer_bytes=8) "
+          "for s in range(4)]"),
     Probe("6.1", "every stage on one device",
           "[model_state_bytes(123_456_789 + _PROBE_SEED, 1, s) for s in range(4)]"),
     Probe("6.1", "SGD with momentum, ZeRO-1 on 3 devices",
@@ -46,10 +47,13 @@ PROBES = [
           "largest_model(24e9 * _probe_s, 3, 2, reserved_bytes=4e9, param_bytes=2, grad_bytes=4, optimizer_bytes=12)"),
     Probe("6.2", "40 GB, ZeRO-1 on 7 devices, fp32 Adam",
           "largest_model(40e9 * _probe_s, 7, 1, param_bytes=4, grad_bytes=4, optimizer_bytes=8)"),
-    Probe("6.2", "nothing fits", "[largest_model(1e9 * _probe_s, 1, 0, reserved_bytes=2e9 * _probe_s), largest_model(1e9 * _probe_s, 1, 0)]"),
+    Probe("6.2", "nothing fits",
+          "[largest_model(1e9 * _probe_s, 1, 0, reserved_bytes=2e9 * _probe_s), "
+          "largest_model(1e9 * _probe_s, 1, 0)]"),
     # 6.3
     Probe("6.3", "one GELU block, odd sizes", "activation_bytes(3 + _PROBE_SEED % 4, 7, 12, 3, 20)"),
-    Probe("6.3", "two ReLU blocks", "activation_bytes(2 + _PROBE_SEED % 3, 9, 16, 4, 24, n_layers=2, activation='relu')"),
+    Probe("6.3", "two ReLU blocks",
+          "activation_bytes(2 + _PROBE_SEED % 3, 9, 16, 4, 24, n_layers=2, activation='relu')"),
     Probe("6.3", "GPT-2 small, 12 layers", "activation_bytes(8 + _PROBE_SEED % 4, 1024, 768, 12, 3072, n_layers=12)"),
     # 6.4: multi-rank, an odd and an even world size
     Probe("6.4", "3 ranks: parameters of every rank and model-state bytes",

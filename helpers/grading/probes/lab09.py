@@ -65,7 +65,8 @@ def _probe_apply(strategies):
     for strategy in strategies:
         shape = (2, n // 2) if strategy == "hybrid_shard" else (n,)
         names = ("replicate", "shard") if strategy == "hybrid_shard" else None
-        model = apply_strategy(_probe_make(), init_device_mesh("cpu", shape, mesh_dim_names=names), strategy, (_probe_Cell,))
+        model = apply_strategy(_probe_make(), init_device_mesh("cpu", shape, mesh_dim_names=names), \
+strategy, (_probe_Cell,))
         summary = {}
         with _probe_Ledger() as ledger:
             with ledger.tag("forward"):
@@ -94,12 +95,14 @@ PROBES = [
     Probe("9.1", "six models on 64 ranks, 80 GB, groups of 8",
           "[choose_strategy(b * 1e9, 64, 80e9, group_size=8) for b in _probe_perm((1, 4, 10, 38, 60, 400))]"),
     Probe("9.1", "fp32 Adam on 3 ranks, budgets around each threshold",
-          "[choose_strategy(1000, 3, b, k=8, param_bytes=4, grad_bytes=4) for b in _probe_perm((16000, 15999, 8000, 5334, 5333))]"),
+          "[choose_strategy(1000, 3, b, k=8, param_bytes=4, grad_bytes=4) "
+          "for b in _probe_perm((16000, 15999, 8000, 5334, 5333))]"),
     Probe("9.1", "one rank: nothing to send, DDP", "choose_strategy(1e6, 1, 2e7)"),
     Probe("9.1", "groups as large as the world, no group",
           "[choose_strategy(5e9, 16, 10e9, group_size=16), choose_strategy(5e9, 16, 10e9, group_size=None)]"),
     Probe("9.2", "3 ranks: DDP, ZeRO-2, FSDP on blocks in two containers",
-          "_probe_launch(_probe_apply, 3, args=(_probe_perm(('no_shard', 'shard_grad_op', 'full_shard')),), hang_timeout=20)[0]",
+          "_probe_launch(_probe_apply, 3, args=(_probe_perm(('no_shard', 'shard_grad_op', 'full_shard')),), "
+          "hang_timeout=20)[0]",
           points=2),
     Probe("9.2", "4 ranks: HSDP on a 2 x 2 mesh",
           "_probe_launch(_probe_apply, 4, args=(('hybrid_shard',),), hang_timeout=20)[0]", points=2),

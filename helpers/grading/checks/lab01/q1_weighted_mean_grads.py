@@ -49,7 +49,8 @@ def flat_gradients_of_unequal_shards(ns):
     if max_diff(result, plain) <= TOL:
         hint = " That is the plain mean: weight shard r by counts[r] / sum(counts)."
     elif max_diff(result, sum(SHARDS) * expected) <= TOL * sum(SHARDS):
-        hint = " That is sum(counts) times the answer: weight shard r by counts[r] / sum(counts), not counts[r] (divide)."
+        hint = (" That is sum(counts) times the answer: weight shard r by counts[r] / sum(counts), "
+                "not counts[r] (divide).")
     assert error <= TOL, (f"shards of {list(SHARDS)} samples: max |answer - full-batch gradient| = {error:.2e} "
                           f"(tolerance {TOL:.0e}).{hint}")
 

@@ -52,19 +52,19 @@ def token_reference(rank_lengths):
     per_rank = [lm_token_losses(model, *make_sequences(lengths, seed=50 + r, width=width))
                 for r, lengths in enumerate(rank_lengths)]
     total = sum(m.sum() for _, m in per_rank)
-    loss = sum((l * m).sum() for l, m in per_rank) / total
+    loss = sum((losses * m).sum() for losses, m in per_rank) / total
     model.zero_grad()
     loss.backward(retain_graph=True)  # the wrong variants below reuse the graph
     right = flat_grad(model)
     wrong = {"the correct gradient divided by the world size: DDP divides the summed gradients by the world "
              "size, so multiply this rank's share of the loss by it": right / len(rank_lengths)}
     model.zero_grad()
-    (sum(l.sum() for l, _ in per_rank) / sum(m.numel() for _, m in per_rank)).backward(retain_graph=True)
+    (sum(losses.sum() for losses, _ in per_rank) / sum(m.numel() for _, m in per_rank)).backward(retain_graph=True)
     wrong["the mean over every position, padding included: multiply the losses by the mask and count only the "
           "real tokens"] = flat_grad(model)
     if all(m.sum() > 0 for _, m in per_rank):
         model.zero_grad()
-        (sum((l * m).sum() / m.sum() for l, m in per_rank) / len(per_rank)).backward()
+        (sum((losses * m).sum() / m.sum() for losses, m in per_rank) / len(per_rank)).backward()
         wrong["the average of per-rank token means: tokens on ranks with few tokens weigh more; divide by the "
               "all-reduced token count instead"] = flat_grad(model)
     return loss.item(), right, wrong

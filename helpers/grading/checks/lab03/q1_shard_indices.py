@@ -43,7 +43,8 @@ def _diagnose(got, num_samples, rank, world_size, shuffle, seed, epoch, drop_las
 
 
 def _compare_with_sampler(shard_indices, cases):
-    """Assert shard_indices == DistributedSampler on every (num_samples, world_size, shuffle, seed, epoch, drop_last)."""
+    """Assert shard_indices == DistributedSampler on every
+    (num_samples, world_size, shuffle, seed, epoch, drop_last)."""
     for num_samples, world_size, shuffle, seed, epoch, drop_last in cases:
         for rank in range(world_size):
             call = (f"shard_indices({num_samples}, rank={rank}, world_size={world_size}, shuffle={shuffle}, "

@@ -17,7 +17,8 @@ class Block(nn.Module):
     def __init__(self, d_model, n_heads, d_ff, activation="gelu"):
         super().__init__()
         self.n_heads, self.activation = n_heads, activation
-        self.ln1, self.qkv, self.proj = nn.LayerNorm(d_model), nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+        self.ln1, self.qkv, self.proj = (nn.LayerNorm(d_model), nn.Linear(d_model, 3 * d_model),
+                                         nn.Linear(d_model, d_model))
         self.ln2, self.fc1, self.fc2 = nn.LayerNorm(d_model), nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
 
     def forward(self, x):

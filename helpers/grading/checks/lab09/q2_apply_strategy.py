@@ -164,5 +164,6 @@ def hsdp_on_a_2d_mesh(ns):
         f"hybrid_shard on a 2 x 2 mesh: a Layer weight has placements {report['placements']}; expected "
         "(Replicate(), Shard(dim=0)): pass the 2-D mesh itself to fully_shard")
     groups = sorted({r[3] for r in report["records"] if r[0] == "all_gather"})
-    assert groups == [2], f"hybrid_shard on 2 x 2: all-gathers should run over the shard groups of 2, got sizes {groups}"
+    assert groups == [2], ("hybrid_shard on 2 x 2: all-gathers should run over the shard groups of 2, "
+                           f"got sizes {groups}")
     _check_sharded("hybrid_shard", report, 4, 2)

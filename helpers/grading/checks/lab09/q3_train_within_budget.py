@@ -81,8 +81,9 @@ def _check_training(results, world_size, budget, expected, default):
             f"{where}: rank {rank}'s parameters differ from rank 0's: every rank must end with the same model")
         error = max((p - q).abs().max().item() for p, q in zip(params, reference))
         assert error <= TOL, (
-            f"{where}: after {STEPS} Adam steps, max |parameters - torch DDP's| = {error:.2e} (tolerance {TOL:.0e}): "
-            "the gradients were not averaged like DDP's, or the step order differs (forward, backward, step, zero_grad)")
+            f"{where}: after {STEPS} Adam steps, max |parameters - torch DDP's| = {error:.2e} "
+            f"(tolerance {TOL:.0e}): the gradients were not averaged like DDP's, "
+            "or the step order differs (forward, backward, step, zero_grad)")
 
 
 @public_check("9.3")

@@ -27,8 +27,8 @@ def _probe_average():
 
 def _probe_train():
     _probe_torch.manual_seed(_PROBE_SEED + 20 + _probe_dist.get_rank())   # different init on every rank
-    model = _probe_torch.nn.Sequential(_probe_torch.nn.Linear(3, 4), _probe_torch.nn.Tanh(), \
-_probe_torch.nn.Linear(4, 1))
+    nn = _probe_torch.nn
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
     g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 5)
     X, Y = _probe_torch.randn(23, 3, generator=g), _probe_torch.randn(23, 1, generator=g)
     losses = train_manual_ddp(model, X, Y, epochs=2, batch_size=3, lr=0.05, seed=9)

@@ -40,8 +40,8 @@ def _probe_accumulate(sizes_per_rank, steps):
 
 def _probe_shards(batch, micro_batch_size):
     x = _probe_torch.arange(batch * 2.0).view(batch, 2)
-    return [[xi.tolist(), yi.tolist()] for xi, yi in \
-micro_batches_of_rank(x, _probe_torch.arange(batch), micro_batch_size)]
+    shards = micro_batches_of_rank(x, _probe_torch.arange(batch), micro_batch_size)
+    return [[xi.tolist(), yi.tolist()] for xi, yi in shards]
 
 def _probe_refuses(batch):
     try:

@@ -65,8 +65,8 @@ def _probe_apply(strategies):
     for strategy in strategies:
         shape = (2, n // 2) if strategy == "hybrid_shard" else (n,)
         names = ("replicate", "shard") if strategy == "hybrid_shard" else None
-        model = apply_strategy(_probe_make(), init_device_mesh("cpu", shape, mesh_dim_names=names), \
-strategy, (_probe_Cell,))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        model = apply_strategy(_probe_make(), mesh, strategy, (_probe_Cell,))
         summary = {}
         with _probe_Ledger() as ledger:
             with ledger.tag("forward"):

@@ -56,14 +56,6 @@ def test_crash_inside_a_collective_names_every_ranks_call():
     assert "check_collectives=True" in message
 
 
-def test_a_group_given_by_its_name_is_named_not_looked_up():
-    # FSDP2's all-gathers run torch's functional collectives, whose `group` is a name ("0"): looking it up as a group
-    # raised KeyError in the rank's report thread, which printed a traceback into the cell and stopped answering.
-    from helpers.launcher.collective_text import _group_text
-    assert _group_text("0") == "the group named '0'"
-    assert _group_text(object()) == "a group"
-
-
 def test_without_the_check_a_reduce_op_mismatch_is_silently_wrong():
     # Why the check exists: Gloo raises nothing, and both ranks get a result that is neither the SUM nor the MAX.
     assert launch(different_reduce_ops, 2) == [[2.0, 2.0, 1.0, 1.0]] * 2

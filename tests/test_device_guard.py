@@ -125,6 +125,16 @@ def test_placement_follows_cuda_rules_in_process():
     assert (nn.Parameter.__new__, nn.parallel.DistributedDataParallel.__init__) == (new, init)
 
 
+def test_to_with_copy_is_followed():
+    # torch.amp.GradScaler.step copies its scale with .to(device=..., non_blocking=True, copy=True); the guard's
+    # parsing of the target device refused the copy argument, so a scaler failed in every rank under "pretend".
+    with Guard("pretend", shipped=()):
+        host, placed = torch.ones(2), torch.ones(2, device=rank_device())
+        same = placed.to(device=rank_device(), non_blocking=True, copy=True)
+        moved = host.to(rank_device(), copy=True)
+        assert same is not placed and not is_host(same) and not is_host(moved) and is_host(host)
+
+
 def test_a_move_issued_by_torch_distributed_keeps_the_mark():
     # FSDP1 moves the module to its device_id, which a rank passes as "cpu" on a CPU machine (FSDP1 refuses cpu:0):
     # that must not make host a parameter the rank put on rank_device(), nor the device of a host one.

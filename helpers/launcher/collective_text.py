@@ -58,14 +58,17 @@ def reduce_op_name(op):
 
 
 def _group_text(group):
-    """None for the default group (not worth a word), else 'ranks [0, 2]'."""
-    if isinstance(group, str):  # torch's functional collectives (DTensor, FSDP2) pass the group's name, not the group
-        return f"the group named {group!r}"
+    """None for the default group (not worth a word), else 'ranks [0, 2]' or, for a group's name, "group '3'"."""
     try:
-        if group is dist.distributed_c10d._get_default_group():
+        default = dist.distributed_c10d._get_default_group()
+        # Functional collectives (DTensor, FSDP2) pass the group's name, a str that get_process_group_ranks refuses
+        # with a KeyError: that killed the thread answering the kernel's reports (a rank in full_tensor()).
+        if group is default or group == default.group_name:
             return None
+        if isinstance(group, str):
+            return f"group {group!r}"
         return f"ranks {dist.get_process_group_ranks(group)}"
-    except (RuntimeError, ValueError, KeyError):  # KeyError: an object torch does not know as a group
+    except (RuntimeError, ValueError, KeyError):
         return "a group"
 
 

@@ -128,7 +128,9 @@ class Placement(TorchFunctionMode):
         elif args[1:] and isinstance(args[1], torch.Tensor):
             target_host = is_host(args[1])
         else:
-            device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
+            # _parse_to refuses copy= (".to() does not accept copy argument"), which Tensor.to takes: GradScaler
+            # replicates its scale with .to(device=..., non_blocking=True, copy=True).
+            device = torch._C._nn._parse_to(*args[1:], **{k: v for k, v in kwargs.items() if k != "copy"})[0]
             target_host = is_host(t) if device is None else torch.device(device) != SENTINEL
             if target_host and _called_from_torch_distributed():
                 # FSDP1 moves the module to its device_id: the rank's GPU on a GPU machine, "cpu" here (FSDP1

@@ -266,3 +266,13 @@ def test_hang_report_says_how_the_waiting_ranks_calls_differ():
             f"{line_of(different_sizes, 'all_reduce')}") in message, message
     assert ("The waiting ranks' calls differ in tensor: float32[5] on rank 1, float32[6] on rank 2; "
             "launch(..., check_collectives=True) stops at the first call that differs.") in message, message
+
+
+def group_texts():
+    from helpers.collective_text import _group_text
+    return _group_text(dist.group.WORLD), _group_text(dist.new_group([0])), _group_text("0")
+
+
+def test_a_group_given_by_name_is_described_not_a_crash():
+    # FSDP2's functional collectives pass a group's name (a str): a rank's report on them crashed with a KeyError
+    assert launch(group_texts, 1, backend="gloo")[0] == (None, "ranks [0]", "a group")

@@ -39,16 +39,26 @@ def _probe_layout(root):
             unit.flat.untyped_storage().nbytes()], "params": [k for k, _ in module.named_parameters()]}
 
 
-def _probe_unshard():
+def _probe_mixed_layout():
+    units = [FlatShard(_probe_unit(), param_dtype=_probe_torch.bfloat16, reduce_dtype=reduce)
+             for reduce in (None, _probe_torch.float32)]
+    return [{"dtypes": [str(u.param_dtype), str(u.reduce_dtype), str(u.flat.dtype), str(u.flat_shard.dtype)],
+             "shard": u.flat_shard.detach(), "flat": [list(u.flat.shape), u.flat.untyped_storage().nbytes()]}
+            for u in units]
+
+
+def _probe_unshard(param_dtype=None):
     module = _probe_unit()
-    unit = _probe_ref_init(object.__new__(FlatShard), module)
-    unit.unshard()
+    unit = _probe_ref_init(object.__new__(FlatShard), module, param_dtype)
+    with _probe_Ledger() as ledger:
+        unit.unshard()
     views = [getattr(owner, attr).detach().clone() for owner, attr in unit.param_infos]
-    loss = module(_probe_x()).square().sum()
+    loss = module(_probe_x().to(param_dtype)).square().sum()
     unit.flat.untyped_storage().resize_(0)
     unit.unshard()
     loss.backward()
-    return {"views": views, "flat_grad": unit.flat.grad}
+    return {"views": views, "flat_grad": unit.flat.grad, "dtypes": [str(v.dtype) for v in views],
+            "ops": [[r.op, r.payload_bytes] for r in ledger.records]}
 
 
 def _probe_reshard():
@@ -81,6 +91,22 @@ def _probe_reduce():
     return {"grads": grads, "freed": unit.flat.grad is None, "ops": [r.op for r in ledger.records]}
 
 
+def _probe_mixed_reduce():
+    # bfloat16 gradients reduced in bfloat16, then in float32; on 2 ranks a sum is one rounding in any order
+    out = []
+    for reduce in (None, _probe_torch.float32):
+        unit = _probe_ref_init(object.__new__(FlatShard), _probe_unit(), _probe_torch.bfloat16, reduce)
+        g = _probe_torch.randn(unit.padded_numel, generator=_probe_torch.Generator().manual_seed(
+            _PROBE_SEED + 95 + _probe_dist.get_rank())).to(_probe_torch.bfloat16)
+        g[unit.numel:] = 0
+        unit.flat.grad = g
+        with _probe_Ledger() as ledger:
+            unit.reduce_scatter_grads()
+        out.append({"grad": unit.flat_shard.grad, "dtype": str(unit.flat_shard.grad.dtype),
+                    "ops": [[r.op, r.payload_bytes] for r in ledger.records]})
+    return out
+
+
 class _probe_Block(_probe_nn.Module):
     def __init__(self):
         super().__init__()
@@ -90,7 +116,7 @@ class _probe_Block(_probe_nn.Module):
         return x + self.down(_probe_torch.relu(self.norm(self.up(x))))
 
 
-def _probe_train(steps):
+def _probe_train(steps, by_type=False, param_dtype=None):
     rank, n = _probe_dist.get_rank(), _probe_dist.get_world_size()
     _probe_torch.manual_seed(_PROBE_SEED + 28)
     # root parameters before and after the units: the root's unit holds both Linears
@@ -98,7 +124,8 @@ def _probe_train(steps):
                                  _probe_nn.Linear(5, 2))
     g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 70 + rank)
     batches = [(_probe_torch.randn(5, 3, generator=g), _probe_torch.randn(5, 2, generator=g)) for _ in range(steps)]
-    units = train_fsdp(model, ["1.0", "1.1"], batches, lr=0.1, momentum=0.5)
+    units = (_probe_Block,) if by_type else ["1.0", "1.1"]
+    units = train_fsdp(model, units, batches, lr=0.1, momentum=0.5, param_dtype=param_dtype)
     full = []
     for module in (model[1][0], model[1][1], model):
         shard = module.flat_shard.detach()
@@ -115,15 +142,23 @@ PROBES = [
           "_probe_launch(_probe_layout, 3, args=(True,), hang_timeout=20)"),
     Probe("8.2", "a unit nested two levels deep, 3 ranks", "_probe_launch(_probe_unshard, 3, hang_timeout=20)",
           points=2),
+    Probe("8.1", "bfloat16 compute, reduced in bfloat16 and in float32, 3 ranks",
+          "_probe_launch(_probe_mixed_layout, 3, hang_timeout=20)"),
     Probe("8.2", "the same unit, 4 ranks", "_probe_launch(_probe_unshard, 4, hang_timeout=20)"),
+    Probe("8.2", "the same unit in bfloat16, 3 ranks",
+          "_probe_launch(_probe_unshard, 3, args=(_probe_torch.bfloat16,), hang_timeout=20)"),
     Probe("8.3", "free after a forward, twice, then gather again, 3 ranks",
           "_probe_launch(_probe_reshard, 3, hang_timeout=20)", points=2),
     Probe("8.4", "two backward passes, 4 ranks", "_probe_launch(_probe_reduce, 4, hang_timeout=20)", points=2),
     Probe("8.4", "two backward passes, 2 ranks", "_probe_launch(_probe_reduce, 2, hang_timeout=20)"),
+    Probe("8.4", "bfloat16 gradients reduced in bfloat16 and in float32, 2 ranks",
+          "_probe_launch(_probe_mixed_reduce, 2, hang_timeout=20)"),
     Probe("8.5", "root parameters before and after the units, 3 ranks, 3 steps",
           "_probe_launch(_probe_train, 3, args=(3,), hang_timeout=30)", points=3),
     Probe("8.5", "the same model, 2 ranks, 2 steps", "_probe_launch(_probe_train, 2, args=(2,), hang_timeout=30)",
           points=2),
+    Probe("8.5", "the same model, blocks given by type, bfloat16, 2 ranks, 2 steps",
+          "_probe_launch(_probe_train, 2, args=(2, True, _probe_torch.bfloat16), hang_timeout=30)"),
 ]
 
 # Using PyTorch's FSDP scores 0 on the questions that rebuild it.

@@ -15,6 +15,7 @@ HANG_S = 20.0  # a check whose ranks wait longer than this reports CollectiveHan
 # float32 sums of the same numbers in another order differ by a few roundings of 2**-24 (chapter 08, section 5); SGD,
 # unlike Adam, does not amplify that, so it stays far below 1e-6, and any real bug is far above.
 TOL = 1e-6
+BF16 = torch.bfloat16  # the compute dtype of the mixed-precision cases (FSDP2's MixedPrecisionPolicy.param_dtype)
 
 _memo = {}  # question -> (key, (ok, value)) of the last launches for that question
 
@@ -45,11 +46,14 @@ def _method(ns, name):
     return cls, getattr(cls, name)
 
 
-def _each(results):
-    """(where, n, rank, got, s) for every world size n, rank and unit; s = elements per shard."""
+def _each(results, mixed=False):
+    """(where, n, rank, got, s) for every world size n, rank and unit in float32 (mixed: in a compute dtype of its
+    own, cases the mixed-precision checks read); s = elements per shard."""
     for n, ranks in results.items():
         for rank, result in enumerate(ranks):
             for case, got in result.items():
+                if got.get("mixed", False) != mixed:
+                    continue
                 where = f"{case} unit ({got['numel']} parameters), rank {rank} of {n}"
                 yield where, n, rank, got, -(-got["numel"] // n)
 
@@ -96,7 +100,7 @@ def _tiny():
 UNITS = {"block": (_block, 5), "tiny": (_tiny, 1)}  # name -> (maker, input features)
 
 
-def _ref_init(unit, module):
+def _ref_init(unit, module, param_dtype=None, reduce_dtype=None):
     """The layout 8.1 asks for, written onto `unit`, an instance of the student's class made without __init__."""
     rank, n = dist.get_rank(), dist.get_world_size()
     named = [(k.rpartition("."), p) for k, p in module.named_parameters() if not k.endswith("flat_shard")]
@@ -106,18 +110,20 @@ def _ref_init(unit, module):
     unit.padded_numel = size * n
     flat = _padded(_flat(p for _, p in named), n)
     unit.flat_shard = nn.Parameter(flat[rank * size : (rank + 1) * size].clone())
+    unit.param_dtype = param_dtype or flat.dtype
+    unit.reduce_dtype = reduce_dtype or unit.param_dtype  # as FSDP2: None reduces in the compute dtype
     for owner, attr in unit.param_infos:
         delattr(owner, attr)
     module.register_parameter("flat_shard", unit.flat_shard)
-    unit.flat = torch.zeros_like(flat, requires_grad=True)
+    unit.flat = torch.zeros_like(flat, dtype=unit.param_dtype, requires_grad=True)
     unit.flat.untyped_storage().resize_(0)
     return unit
 
 
 def _ref_unshard(unit):
     """Full parameters on `unit` for 8.3's checks (8.2 is checked against the original parameters, not this)."""
-    gathered = torch.empty(unit.padded_numel)  # (N * s,): rank r's shard at offset r * s
-    dist.all_gather_single(gathered, unit.flat_shard.detach())
+    gathered = torch.empty(unit.padded_numel, dtype=unit.param_dtype)  # (N * s,): rank r's shard at offset r * s
+    dist.all_gather_single(gathered, unit.flat_shard.detach().to(unit.param_dtype))
     unit.flat.untyped_storage().resize_(gathered.untyped_storage().nbytes())
     unit.flat.data.copy_(gathered)  # through .data: the views autograd saved for backward keep their version
     for (owner, attr), start, numel, shape in zip(unit.param_infos, itertools.accumulate([0] + unit.numels),
@@ -125,13 +131,15 @@ def _ref_unshard(unit):
         setattr(owner, attr, unit.flat[start:start + numel].view(shape))
 
 
-def _case(cls, make, features):
+def _case(cls, make, features, param_dtype=None, reduce_dtype=None):
     """(module, its unit by _ref_init, x, what a result holds: names, shapes, numel, the flat parameters and the
-    padded flat gradient of (module(x)**2).sum())."""
-    module, reference, n = make(), make(), dist.get_world_size()
-    x = torch.randn(3, features, generator=torch.Generator().manual_seed(80))
+    padded flat gradient of (module(x)**2).sum()). With a param_dtype, x, the parameters and the gradient are in it
+    (no hooks cast x here: the checks pass it in the compute dtype, as the given pre_forward does)."""
+    module, reference, n = make(), make().to(param_dtype), dist.get_world_size()
+    x = torch.randn(3, features, generator=torch.Generator().manual_seed(80)).to(param_dtype)
     grads = torch.autograd.grad(reference(x).square().sum(), list(reference.parameters()))
     got = {"names": [k for k, _ in module.named_parameters()], "shapes": [tuple(p.shape) for p in module.parameters()],
-           "original": _flat(module.parameters()), "grad": _padded(_flat(grads), n)}
+           "original": _flat(module.parameters()).to(param_dtype), "grad": _padded(_flat(grads), n),
+           "mixed": param_dtype is not None}
     got["numel"] = got["original"].numel()
-    return module, _ref_init(object.__new__(cls), module), x, got
+    return module, _ref_init(object.__new__(cls), module, param_dtype, reduce_dtype), x, got

@@ -1,10 +1,21 @@
-"""Checks of lab 8.1: FlatShard.__init__, this rank's shard of the padded flat parameter, the layout, an empty flat."""
+"""Checks of lab 8.1: FlatShard.__init__, this rank's shard of the padded flat parameter, the layout, an empty flat,
+and the compute and reduction dtypes (a bfloat16 flat, a float32 shard)."""
 import math
 
 import torch
 from torch import nn
 
-from helpers.grading.checks.lab08.common import _block, _each, _flat, _head, _padded, _results, _tiny
+from helpers.grading.checks.lab08.common import (
+    BF16,
+    _block,
+    _each,
+    _error,
+    _flat,
+    _head,
+    _padded,
+    _results,
+    _tiny,
+)
 from helpers.grading.registry import answer, public_check
 
 # --- 8.1 FlatShard.__init__ --------------------------------------------------------------------------------------
@@ -31,8 +42,29 @@ def _init_on_rank(cls):
             "others": [k for k, p in module.named_parameters() if p is not shard and not k.endswith(".flat_shard")],
             "shard_bytes": shard.untyped_storage().nbytes() if isinstance(shard, torch.Tensor) else None,
             "flat": (tuple(flat.shape), flat.is_leaf and flat.requires_grad, flat.untyped_storage().nbytes())
-            if isinstance(flat, torch.Tensor) else None}
+            if isinstance(flat, torch.Tensor) else None,
+            "dtypes": (str(getattr(unit, "param_dtype", None)), str(getattr(unit, "reduce_dtype", None)))}
+    out["bfloat16 block"] = _mixed_init(cls, BF16, None)
+    out["bfloat16 block (float32 reduction)"] = _mixed_init(cls, BF16, torch.float32)
     return out
+
+
+def _mixed_init(cls, param_dtype, reduce_dtype):
+    """What FlatShard(block, param_dtype=..., reduce_dtype=...) recorded; its error, if it raised."""
+    module = _block()
+    got = {"mixed": True, "numel": sum(p.numel() for p in module.parameters()), "original": _flat(module.parameters()),
+           "want": (str(param_dtype), str(reduce_dtype or param_dtype)), "error": None}
+    try:
+        unit = cls(module, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    except Exception as exc:  # noqa: BLE001 - reported by the check
+        got["error"] = _error(exc)
+        return got
+    flat, shard = getattr(unit, "flat", None), getattr(unit, "flat_shard", None)
+    got.update(dtypes=(str(getattr(unit, "param_dtype", None)), str(getattr(unit, "reduce_dtype", None))),
+               flat=(str(flat.dtype), tuple(flat.shape), flat.untyped_storage().nbytes())
+               if isinstance(flat, torch.Tensor) else None,
+               shard=shard.detach().clone() if isinstance(shard, torch.Tensor) else None)
+    return got
 
 
 def _r81(ns):
@@ -88,3 +120,29 @@ def unsharded_buffer_holds_no_bytes(ns):
         assert got["flat"] == expected, (
             f"{where}: self.flat is (shape, leaf with requires_grad, storage bytes) {got['flat']}; expected "
             f"{expected}: it exists with its shape but holds no memory until unshard() (untyped_storage().resize_(0))")
+
+
+@public_check("8.1")
+def flat_in_param_dtype_the_shard_stays_float32(ns):
+    results = _r81(ns)
+    for where, n, rank, got, size in _each(results):
+        assert got["dtypes"] == ("torch.float32", "torch.float32"), (
+            f"{where}: FlatShard(module) records (param_dtype, reduce_dtype) = {got['dtypes']}; expected "
+            "('torch.float32', 'torch.float32'): param_dtype None stands for the parameters' own dtype, and "
+            "reduce_dtype None for param_dtype")
+    for where, n, rank, got, size in _each(results, mixed=True):
+        assert got["error"] is None, (f"{where}: FlatShard(module, param_dtype={got['want'][0]}, reduce_dtype=...) "
+                                      f"raised {got['error']}; __init__ takes param_dtype=None, reduce_dtype=None")
+        assert got["dtypes"] == got["want"], (
+            f"{where}: (param_dtype, reduce_dtype) = {got['dtypes']}; expected {got['want']}" + (
+                ": reduce_dtype None means the compute dtype (FSDP2 reduces in the dtype the gradients arrive in), "
+                "not float32" if got["dtypes"][1] == "torch.float32" else ""))
+        expected = _padded(got["original"], n)[rank * size : (rank + 1) * size]
+        assert got["shard"] is not None and got["shard"].dtype == torch.float32 and torch.equal(got["shard"], expected), (
+            f"{where}: flat_shard is {getattr(got['shard'], 'dtype', None)}, {_head(got['shard'])}...; expected the "
+            f"float32 shard, {_head(expected)}...: the shard stays in the parameters' own dtype, the master copy the "
+            "optimizer steps; only the unsharded flat is in param_dtype")
+        want = (got["want"][0], (size * n,), 0)
+        assert got["flat"] == want, (
+            f"{where}: self.flat is (dtype, shape, storage bytes) {got['flat']}; expected {want}: the unsharded buffer "
+            "is the compute copy, in param_dtype (zeros_like(flat, dtype=...)), holding 0 bytes until unshard()")

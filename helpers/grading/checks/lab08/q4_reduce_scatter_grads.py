@@ -1,9 +1,21 @@
-"""Checks of lab 8.4: FlatShard.reduce_scatter_grads accumulates this rank's shard of the mean gradient."""
+"""Checks of lab 8.4: FlatShard.reduce_scatter_grads accumulates this rank's shard of the mean gradient; bfloat16
+gradients are reduced in reduce_dtype and land in the float32 shard."""
 import torch
 import torch.distributed as dist
 
 from helpers.comm import CommLedger
-from helpers.grading.checks.lab08.common import TOL, UNITS, WORLD_SIZE, _case, _diff, _each, _method, _results
+from helpers.grading.checks.lab08.common import (
+    BF16,
+    TOL,
+    UNITS,
+    WORLD_SIZE,
+    _case,
+    _diff,
+    _each,
+    _error,
+    _method,
+    _results,
+)
 from helpers.grading.registry import public_check
 from helpers.memory import state_bytes
 
@@ -31,7 +43,24 @@ def _reduce_on_rank(cls):
                                  "ops": [(r.op, r.payload_bytes) for r in ledger.records], "bytes": held})
         got["moved"] = not torch.equal(before, unit.flat_shard.detach())
         out[case] = got
+    for case, reduce_dtype in {"bfloat16 block": None, "bfloat16 block (float32 reduction)": torch.float32}.items():
+        out[case] = _mixed_reduce(cls, reduce_dtype)
     return out
+
+
+def _mixed_reduce(cls, reduce_dtype):
+    """One reduce_scatter_grads of a bfloat16 flat.grad, in a unit of param_dtype bfloat16."""
+    _, unit, _, got = _case(cls, *UNITS["block"], BF16, reduce_dtype)
+    unit.flat.grad = _local_grad(dist.get_rank(), unit.padded_numel, unit.numel, 0).to(BF16)
+    got.update(error=None, reduce_dtype=str(unit.reduce_dtype), ops=[])
+    try:
+        with CommLedger() as ledger:
+            unit.reduce_scatter_grads()
+    except Exception as exc:  # noqa: BLE001 - reported by the check
+        got["error"] = _error(exc)
+    grad = unit.flat_shard.grad
+    got.update(grad=None if grad is None else grad.clone(), ops=[(r.op, r.payload_bytes) for r in ledger.records])
+    return got
 
 
 def _r84(ns):
@@ -84,3 +113,29 @@ def one_reduce_scatter_of_the_padded_gradient(ns):
             assert call["ops"] == expected, (
                 f"{where}: the ledger shows {call['ops']} (op, bytes); expected {expected}: one "
                 "dist.reduce_scatter_single of the padded flat.grad (an all_reduce sends twice the bytes)")
+
+
+@public_check("8.4")
+def reduces_in_reduce_dtype_into_the_float32_shard(ns):
+    for where, n, rank, got, size in _each(_r84(ns), mixed=True):
+        hint = (": cast the mean to flat_shard's dtype (float32) before it becomes flat_shard.grad"
+                if "dtype" in (got["error"] or "") else "")
+        assert got["error"] is None, f"{where}: reduce_scatter_grads of a bfloat16 flat.grad raised {got['error']}{hint}"
+        item = 4 if got["reduce_dtype"] == "torch.float32" else 2
+        expected = [("reduce_scatter", item * size * n)]
+        assert got["ops"] == expected, (
+            f"{where}: the ledger shows {got['ops']} (op, bytes) with reduce_dtype {got['reduce_dtype']}; expected "
+            f"{expected}: cast flat.grad to reduce_dtype for the reduce-scatter")
+        grad = got["grad"]
+        assert grad is not None and grad.dtype == torch.float32 and grad.shape == (size,), (
+            f"{where}: flat_shard.grad is {None if grad is None else (grad.dtype, tuple(grad.shape))}; expected "
+            f"float32 of ({size},): the mean lands in the float32 master's gradient")
+        # the exact mean of the ranks' bfloat16 gradients; a float32 sum of three of them is exact, and a bfloat16
+        # sum of N terms rounds N - 1 times, then the division once: each by at most 2**-8 of what is summed
+        local = [_local_grad(r, size * n, got["numel"], 0).to(BF16).double()[rank * size : (rank + 1) * size]
+                 for r in range(n)]
+        mean, scale = sum(local) / n, sum(g.abs() for g in local) / n
+        bound = TOL + (0 if item == 4 else n * 2**-8) * scale
+        assert ((grad.double() - mean).abs() <= bound).all(), (
+            f"{where}: flat_shard.grad differs from this rank's shard of the mean gradient by up to "
+            f"{(grad.double() - mean).abs().max().item():.3g}")

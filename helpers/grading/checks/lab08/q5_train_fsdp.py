@@ -1,4 +1,5 @@
-"""Checks of lab 8.5: train_fsdp equals torch DDP + SGD on 2, 3 and 4 ranks and holds only shards between steps."""
+"""Checks of lab 8.5: train_fsdp equals torch DDP + SGD on 2, 3 and 4 ranks and holds only shards between steps; with
+its blocks given by type and a bfloat16 compute dtype, it equals FSDP2 with MixedPrecisionPolicy on 2 ranks."""
 import collections
 
 import torch
@@ -7,7 +8,14 @@ from torch import nn
 
 from helpers.comm import CommLedger
 from helpers.errors import RankFailed
-from helpers.grading.checks.lab08.common import TOL, _diff, _flat, _results
+from helpers.grading.checks.lab08.common import (
+    BF16,
+    TOL,
+    _diff,
+    _error,
+    _flat,
+    _results,
+)
 from helpers.grading.registry import answer, public_check
 from helpers.grading.shared_run import run_failed
 from helpers.memory import state_bytes
@@ -16,11 +24,16 @@ from helpers.memory import state_bytes
 
 D, H, BATCH, STEPS, LR, MOMENTUM = 4, 6, 4, 3, 0.05, 0.9
 UNIT_NAMES = ["body.0", "body.1"]  # 70 parameters each; the root keeps the head's 5
+MIXED_N = 2  # the bfloat16 run's world size: a sum of 2 gradients is one rounding in any order, so FSDP2 agrees to TOL
+
+
+class Block(nn.Sequential):
+    """The blocks' own type, so that units=(Block,) finds them (body, an nn.Sequential too, is not one)."""
 
 
 def _model():
     torch.manual_seed(5)
-    body = [nn.Sequential(nn.Linear(D, H), nn.LayerNorm(H), nn.Tanh(), nn.Linear(H, D)) for _ in range(2)]
+    body = [Block(nn.Linear(D, H), nn.LayerNorm(H), nn.Tanh(), nn.Linear(H, D)) for _ in range(2)]
     return nn.Sequential(collections.OrderedDict(body=nn.Sequential(*body), head=nn.Linear(D, 1)))
 
 
@@ -31,24 +44,33 @@ def _unit_orders():
     return {**orders, "": [k for k in names if not any(k.startswith(u + ".") for u in UNIT_NAMES)]}
 
 
-def _train_on_rank(train):
-    from torch.nn.parallel import DistributedDataParallel
+def _batches():
+    generator = torch.Generator().manual_seed(50 + dist.get_rank())  # different data on every rank
+    return [(torch.randn(BATCH, D, generator=generator), torch.randn(BATCH, 1, generator=generator))
+            for _ in range(STEPS)]
 
-    rank, n = dist.get_rank(), dist.get_world_size()
-    generator = torch.Generator().manual_seed(50 + rank)  # different data on every rank
-    batches = [(torch.randn(BATCH, D, generator=generator), torch.randn(BATCH, 1, generator=generator))
-               for _ in range(STEPS)]
-    model = _model()
-    with CommLedger() as ledger:
-        units = train(model, list(UNIT_NAMES), batches, lr=LR, momentum=MOMENTUM)
-    modules, full = dict(model.named_modules()), {}
-    for name in _unit_orders():  # every unit's parameters, all-gathered from the shards
+
+def _gathered(model):
+    """{unit name: its parameters, all-gathered from the shards} for the units that have a flat_shard."""
+    modules, full, n = dict(model.named_modules()), {}, dist.get_world_size()
+    for name in _unit_orders():
         shard = modules[name]._parameters.get("flat_shard")
         if shard is not None:
             full[name] = shard.new_empty(n * shard.numel())
             dist.all_gather_single(full[name], shard.detach())
+    return full
+
+
+def _train_on_rank(train):
+    from torch.nn.parallel import DistributedDataParallel
+
+    batches, model = _batches(), _model()
+    with CommLedger() as ledger:
+        units = train(model, list(UNIT_NAMES), batches, lr=LR, momentum=MOMENTUM)
+    full = _gathered(model)
     flats = [getattr(u, "flat", None) for u in units] if isinstance(units, (list, tuple)) else [None]
     held = state_bytes(model, extra={"unsharded": flats}) if all(isinstance(f, torch.Tensor) for f in flats) else None
+    mixed = _mixed_on_rank(train) if dist.get_world_size() == MIXED_N else None
     reference = DistributedDataParallel(_model())
     optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
     for x, y in batches:
@@ -56,7 +78,33 @@ def _train_on_rank(train):
         nn.functional.mse_loss(reference(x), y).backward()
         optimizer.step()
     return {"full": full, "ddp": {k: p.detach().clone() for k, p in reference.module.named_parameters()},
-            "ops": sorted((r.op, r.payload_bytes) for r in ledger.records), "held": held}
+            "ops": sorted((r.op, r.payload_bytes) for r in ledger.records), "held": held, "mixed": mixed}
+
+
+def _mixed_on_rank(train):
+    """The blocks given by type, bfloat16 compute: the student's run and FSDP2's with MixedPrecisionPolicy."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    batches, model, got = _batches(), _model(), {"error": None}
+    try:
+        with CommLedger() as ledger:
+            train(model, (Block,), batches, lr=LR, momentum=MOMENTUM, param_dtype=BF16)
+    except Exception as exc:  # noqa: BLE001 - reported by the check
+        got["error"] = _error(exc)
+        return got
+    got.update(full=_gathered(model), ops=sorted((r.op, r.payload_bytes) for r in ledger.records))
+    reference, policy = _model(), MixedPrecisionPolicy(param_dtype=BF16)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for module in [*(m for m in reference.modules() if isinstance(m, Block)), reference]:
+        fully_shard(module, mesh=mesh, mp_policy=policy)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(reference(x).float(), y).backward()
+        optimizer.step()
+    got["fsdp2"] = {k: p.full_tensor().detach() for k, p in reference.named_parameters()}
+    return got
 
 
 _explained = {}  # id(a rank's exception) -> the failure that names its likely cause, so it is reported once
@@ -162,3 +210,49 @@ def only_shards_held_between_steps(ns):
             assert got == (shards, shards, 0), (
                 f"N={n}, rank {rank}: after training the rank holds (params, grads, unsharded) = {got} bytes; expected "
                 f"({shards}, {shards}, 0): only the shards and their gradients, every unit resharded")
+
+
+def _mixed(ns):
+    """(n, rank 0's mixed run) after the float32 runs; the run's error, if any, as the failure."""
+    ranks = _r85(ns)[MIXED_N]
+    got = ranks[0]["mixed"]
+    error = got["error"] or ""
+    hint = (" units may hold module types: every submodule of that type is a unit (isinstance), the model excepted"
+            if "Block" in error else " train_fsdp takes param_dtype=None and reduce_dtype=None, for every unit"
+            if "dtype" in error else "")
+    assert got["error"] is None, (f"N={MIXED_N}: train_fsdp(model, (Block,), batches, lr=..., momentum=..., "
+                                  f"param_dtype=torch.bfloat16) raised {got['error']}.{hint}")
+    return ranks, got
+
+
+@public_check("8.5")
+def blocks_by_type_in_bfloat16_equal_fsdp2_mixed_precision(ns):
+    ranks, got = _mixed(ns)
+    for name, order in _unit_orders().items():
+        label = repr(name) if name else "root"
+        assert name in got["full"], (
+            f"N={MIXED_N}, units=(Block,): the {label} module has no flat_shard: a type stands for every submodule "
+            "of that type (for m in model.modules(): if isinstance(m, Block)), then the root takes what is left")
+        for rank in range(1, MIXED_N):
+            assert torch.equal(ranks[rank]["mixed"]["full"][name], got["full"][name]), (
+                f"N={MIXED_N}, bfloat16: rank {rank}'s {label} unit differs from rank 0's")
+        expected = _flat(got["fsdp2"][k] for k in order)
+        diff = _diff(got["full"][name][: expected.numel()], expected)
+        ddp = _flat(ranks[0]["ddp"][k] for k in order)
+        hint = (" It equals the float32 run: pass param_dtype to every FlatShard, and compute in it"
+                if _diff(got["full"][name][: ddp.numel()], ddp) < TOL else "")
+        assert diff < TOL, (
+            f"N={MIXED_N}, units=(Block,), param_dtype=torch.bfloat16: after {STEPS} steps the {label} unit differs "
+            f"from FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16) by {diff:.3g} (tolerance {TOL:g}).{hint}")
+
+
+@public_check("8.5")
+def bfloat16_collectives_move_half_the_bytes(ns):
+    ranks, _ = _mixed(ns)
+    padded = [2 * -(-sum(ranks[0]["ddp"][k].numel() for k in o) // MIXED_N) * MIXED_N for o in _unit_orders().values()]
+    expected = sorted([("all_gather", b) for b in padded * 2 * STEPS] + [("reduce_scatter", b) for b in padded * STEPS])
+    for rank, result in enumerate(ranks):
+        assert result["mixed"]["ops"] == expected, (
+            f"N={MIXED_N}, rank {rank}, param_dtype=torch.bfloat16: {STEPS} steps issued "
+            f"{dict(collections.Counter(result['mixed']['ops']))} (op, bytes); expected per step and unit (bytes "
+            f"{padded}) two all_gathers and one reduce_scatter at 2 bytes per element: gather and reduce in bfloat16")

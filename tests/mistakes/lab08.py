@@ -99,7 +99,8 @@ MISTAKES = [
     Mistake("8.1", "reduce_dtype None taken for float32", _init(
         dtypes=_RIGHT["dtypes"].replace("reduce_dtype or self.param_dtype", "reduce_dtype or torch.float32")),
             ("reduce_dtype None means the compute dtype", "not float32")),
-    Mistake("8.1", "the unsharded buffer in the shard's dtype", _init(flat="torch.zeros_like(flat, requires_grad=True)"),
+    Mistake("8.1", "the unsharded buffer in the shard's dtype",
+            _init(flat="torch.zeros_like(flat, requires_grad=True)"),
             ("self.flat is (dtype, shape, storage bytes) ('torch.float32'", "in param_dtype")),
     Mistake("8.1", "the shard itself cast to param_dtype", _init(
         shard="flat[rank * size : (rank + 1) * size].clone().to(param_dtype or flat.dtype)"),
@@ -108,7 +109,8 @@ MISTAKES = [
     Mistake("8.2", "the views made under torch.no_grad()", _method(_UNSHARD.replace(
         "    views = self.flat.split", "    with torch.no_grad():\n        views = self.flat.split").replace(
         "    for (owner, attr), view, shape in zip(self.param_infos, views, self.shapes):\n        setattr",
-        "        for (owner, attr), view, shape in zip(self.param_infos, views, self.shapes):\n            setattr")), ("not views of self.flat made with autograd", "not under torch.no_grad()")),
+        "        for (owner, attr), view, shape in zip(self.param_infos, views, self.shapes):\n            setattr")),
+            ("not views of self.flat made with autograd", "not under torch.no_grad()")),
     Mistake("8.2", "the views wrapped in nn.Parameter", _method(_UNSHARD.replace(
         "view.view(shape))", "nn.Parameter(view.view(shape)))")),
             ("not views of self.flat made with autograd", "split self.flat itself")),
@@ -171,7 +173,8 @@ MISTAKES = [
 
     Mistake("8.5", "the optimizer built before sharding", _TRAIN.replace(
         "    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)\n", "").replace(
-        "    units = [", "    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)\n    units = ["),
+        "    units = [",
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)\n    units = ["),
             ("never changed", "build the optimizer AFTER the units")),
     Mistake("8.5", "no hooks registered", _TRAIN.replace(
         "    for unit in units:\n        unit.register_hooks()\n", ""),

@@ -82,7 +82,8 @@ def _probe_reduce():
     unit = _probe_ref_init(object.__new__(FlatShard), _probe_unit())
     grads = []
     for call in range(2):
-        g = _probe_torch.randn(unit.padded_numel, generator=_probe_torch.Generator().manual_seed(_PROBE_SEED + 90 + 7 * call + rank))
+        seed = _PROBE_SEED + 90 + 7 * call + rank
+        g = _probe_torch.randn(unit.padded_numel, generator=_probe_torch.Generator().manual_seed(seed))
         g[unit.numel:] = 0
         unit.flat.grad = g
         with _probe_Ledger() as ledger:
@@ -163,4 +164,5 @@ PROBES = [
 
 # Using PyTorch's FSDP scores 0 on the questions that rebuild it.
 _FORBIDDEN = ("fully_shard", "FullyShardedDataParallel")
-PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) if p.question in ('8.1', '8.2', '8.3', '8.4', '8.5') else p for p in PROBES]
+PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) if p.question in ('8.1', '8.2', '8.3', '8.4', '8.5') else p
+          for p in PROBES]

@@ -138,7 +138,8 @@ def flat_in_param_dtype_the_shard_stays_float32(ns):
                 ": reduce_dtype None means the compute dtype (FSDP2 reduces in the dtype the gradients arrive in), "
                 "not float32" if got["dtypes"][1] == "torch.float32" else ""))
         expected = _padded(got["original"], n)[rank * size : (rank + 1) * size]
-        assert got["shard"] is not None and got["shard"].dtype == torch.float32 and torch.equal(got["shard"], expected), (
+        shard = got["shard"]
+        assert shard is not None and shard.dtype == torch.float32 and torch.equal(shard, expected), (
             f"{where}: flat_shard is {getattr(got['shard'], 'dtype', None)}, {_head(got['shard'])}...; expected the "
             f"float32 shard, {_head(expected)}...: the shard stays in the parameters' own dtype, the master copy the "
             "optimizer steps; only the unsharded flat is in param_dtype")

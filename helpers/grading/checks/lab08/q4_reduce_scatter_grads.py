@@ -120,7 +120,8 @@ def reduces_in_reduce_dtype_into_the_float32_shard(ns):
     for where, n, rank, got, size in _each(_r84(ns), mixed=True):
         hint = (": cast the mean to flat_shard's dtype (float32) before it becomes flat_shard.grad"
                 if "dtype" in (got["error"] or "") else "")
-        assert got["error"] is None, f"{where}: reduce_scatter_grads of a bfloat16 flat.grad raised {got['error']}{hint}"
+        assert got["error"] is None, (
+            f"{where}: reduce_scatter_grads of a bfloat16 flat.grad raised {got['error']}{hint}")
         item = 4 if got["reduce_dtype"] == "torch.float32" else 2
         expected = [("reduce_scatter", item * size * n)]
         assert got["ops"] == expected, (

@@ -243,7 +243,8 @@ def blocks_by_type_in_bfloat16_equal_fsdp2_mixed_precision(ns):
                 if _diff(got["full"][name][: ddp.numel()], ddp) < TOL else "")
         assert diff < TOL, (
             f"N={MIXED_N}, units=(Block,), param_dtype=torch.bfloat16: after {STEPS} steps the {label} unit differs "
-            f"from FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16) by {diff:.3g} (tolerance {TOL:g}).{hint}")
+            f"from FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16) by {diff:.3g} "
+            f"(tolerance {TOL:g}).{hint}")
 
 
 @public_check("8.5")

@@ -63,7 +63,7 @@ def _group_text(group):
         if group is dist.distributed_c10d._get_default_group():
             return None
         return f"ranks {dist.get_process_group_ranks(group)}"
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError, KeyError):  # KeyError: a group given by its name, as FSDP2's collectives do
         return "a group"
 
 

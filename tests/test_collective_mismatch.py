@@ -266,3 +266,15 @@ def test_hang_report_says_how_the_waiting_ranks_calls_differ():
             f"{line_of(different_sizes, 'all_reduce')}") in message, message
     assert ("The waiting ranks' calls differ in tensor: float32[5] on rank 1, float32[6] on rank 2; "
             "launch(..., check_collectives=True) stops at the first call that differs.") in message, message
+
+
+def group_texts():
+    from helpers.collective_text import _group_text
+
+    return [_group_text(dist.group.WORLD), _group_text("0")]
+
+
+def test_a_group_given_by_name_does_not_break_the_report():
+    # FSDP2's collectives name their group ("0"): a rank asked where it is, inside one, answered with a KeyError
+    # from get_process_group_ranks, which killed the thread that answers the kernel (seen in lab 10's fully_shard).
+    assert launch(group_texts, 2, backend="gloo") == [[None, "a group"]] * 2

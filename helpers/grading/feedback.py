@@ -10,12 +10,16 @@ _STATUS = {
 }
 
 
-def feedback_markdown(result, questions, points):
-    """Markdown feedback for one graded result; `points` = {question: maximum}."""
+def feedback_markdown(result, questions, points, by_hand=()):
+    """Markdown feedback for one graded result; `points` = {question: maximum}; by_hand: [(Manual, points or None)]."""
     total = sum(m["earned"] for marks in result["marks"].values() for m in marks)
+    total += sum(earned for _, earned in by_hand if earned is not None)
+    maximum = sum(points.values()) + sum(item.points for item, _ in by_hand)
+    pending = [item for item, earned in by_hand if earned is None]
+    note = f" Not final: {', '.join(i.question for i in pending)} is graded by hand, not yet." if pending else ""
     lines = [f"# Feedback for {result['student']}", "",
-             f"Score: {total:g} / {sum(points.values()):g}. Status: {result['status']} "
-             f"({_STATUS[result['status']]}).", ""]
+             f"Score: {total:g} / {maximum:g}. Status: {result['status']} "
+             f"({_STATUS[result['status']]}).{note}", ""]
     if result.get("error"):
         lines += [result["error"], ""]
     if result.get("kernels", 1) > 1:
@@ -36,4 +40,10 @@ def feedback_markdown(result, questions, points):
             mark = "passed" if m["earned"] == m["points"] else f"failed: {m['message']}"
             lines.append(f"- {m['name']}: {mark}")
         lines.append("")
+    for item, earned in by_hand:
+        written = (result.get("manual") or {}).get(item.question)
+        score = "pending" if earned is None else f"{earned:g}"
+        lines += [f"## Question {item.question} (graded by hand): {score} / {item.points:g}", f"- {item.name}",
+                  "- " + ("your text was received" if written else "no text of yours was found in the notebook (the "
+                          "cell was missing or left as released)"), ""]
     return "\n".join(lines)

@@ -182,7 +182,7 @@ def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_d
     todo = _to_grade(out, paths, resume, only)
     run_class(task, todo, jobs, student_limit(released, limits), ctx)
     results = load_results(out, sorted(paths))
-    write_outputs(out, probes, results)
+    write_outputs(out, probes, results, probe_files.load_manual(lab, probes_dir))
     return results
 
 
@@ -247,9 +247,23 @@ def main(argv=None):
         print(f"grade: {exc}", file=sys.stderr)
         return 2
     print(f"graded {len(results)} submission(s) into {options.out}/grades.csv")
+    pending = _pending(options, results)
+    if pending:
+        print(f"{pending} of {len(results)} student(s) have parts graded by hand without points: fill the points "
+              f"column of {options.out}/manual.csv (the texts are in {options.out}/manual/), then run the same "
+              "command with RESUME=1 (--resume); their LMS grade stays blank until then")
     if options.format:
         print(f"wrote {_export(options, results)}")
     return 0
+
+
+def _pending(options, results):
+    """How many students still lack points for a part graded by hand."""
+    from helpers.grading import manual
+
+    items = probe_files.load_manual(f"{int(options.lab):02d}", options.probes)
+    points = manual.read_points(options.out, items) if items else {}
+    return sum(not manual.earned(points, r["student"], items)[1] for r in results) if items else 0
 
 
 def _export(options, results):
@@ -260,7 +274,8 @@ def _export(options, results):
              else gradebook.times_from_mtimes(pathlib.Path(options.submissions).glob("*.ipynb")))
     return write_lms(options.out, results, probe_files.load(lab, options.probes)[1], options.format,
                      assignment=options.assignment or f"Lab {lab}", deadline=deadline,
-                     per_day=options.late_per_day, max_days=options.late_max_days, times=times)
+                     per_day=options.late_per_day, max_days=options.late_max_days, times=times,
+                     items=probe_files.load_manual(lab, options.probes))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import time
 
 import nbformat
 
+from helpers.grading import manual
 from helpers.grading import probes as probe_files
 from helpers.grading.assemble import answer_sources, assemble, probe_values
 from helpers.grading.execute import execute
@@ -105,6 +106,7 @@ def _graded(task, student, submission, setup, probes):
     marks = score(probes, task.expected, values, answer_sources(graded), task.seed)
     status = "missing" if len(missing) == len({p.question for p in probes}) else execution.status
     nbformat.write(graded, pathlib.Path(task.out) / "executed" / f"{student}.ipynb")
+    hand = manual.texts(task.released, submission, probe_files.load_manual(task.lab, task.probes_dir))
     return {"student": student, "marks": marks, "status": status, "missing": missing,
             "cells": execution.cells, "kernels": execution.kernels,
-            "outside": outside_names(task.released, submission)}
+            "outside": outside_names(task.released, submission), "manual": hand}

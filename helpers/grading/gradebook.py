@@ -33,8 +33,9 @@ Sources, read for these columns:
   https://docs.moodle.org/311/en/Grade_import
 
 A `grader_error` row has no grade yet (the grader failed, not the student): it is left blank in the LMS files,
-so an import changes nothing for that student until they are re-graded. Every other status keeps its points
-(a missing submission has 0).
+so an import changes nothing for that student until they are re-graded. So is a `manual_pending` row: a lab with
+a part graded by hand (helpers/grading/manual.py) whose points are not entered yet. Every other status keeps its
+points (a missing submission has 0).
 
 The late policy (`late_penalty`, `apply_late_policy`): a submission `d` started days after the deadline loses
 `per_day` x d of its points (d rounded up to whole days: one second late is one day); past `max_days` it
@@ -49,7 +50,7 @@ import pathlib
 
 UTC = datetime.timezone.utc
 DAY_S = 86400
-NO_GRADE = {"grader_error"}  # statuses with no grade to upload
+NO_GRADE = {"grader_error", "manual_pending"}  # statuses with no grade to upload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,10 +34,9 @@ Decisions, with the scan's numbers:
   chapter 03's version. The capstone's GPT has no buffers, so ManualDDP now broadcasts parameters as chapter 03
   does and refuses a module with buffers. Its FlatShard shares at most 2 statements in a row with lab 08's regions
   (the storage resize and `all_gather_single` of 8.2, which chapter 08 teaches) and builds its units another way
-  (own_parameters and claimed ids, not param_infos and get_submodule); ManualDDP.sync_gradients shares under
-  43 % with 10.2 and train_gpt.py nothing with 10.3: it ships, as chapter 10's open material.
-- `chapters/capstone/data.py` `get_batch` draws offsets with replacement (randint); lab 10.1 asks for distinct
-  offsets (randperm): 2 of 5 statements shared, under the bar; it ships.
+  (own_parameters and claimed ids, not param_infos and get_submodule): it ships, as chapter 10's open material.
+  Lab 10's regions are the learner's own lab 04, 07 and 08 answers pasted whole; parallel.py, train_gpt.py,
+  data.py and lab 10's harness `chapters/capstone/yours.py` share no run of 3 statements with them (0 %).
 - `helpers/simulate.py` `scaling_efficiency`, chapter 05's simulator, which the chapter calls in the open: 2 of the 3
   statements of 5.2's efficiency region (the return is written another way); a region that short must appear
   whole to refuse. It ships; tests/test_release.py names it where it looks for answer lines.

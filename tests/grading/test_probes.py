@@ -30,7 +30,8 @@ SHORTCUTS = [
      "_compute_bucket_assignment_by_size"),
     ("06", "6.1", "from helpers import theory\ndef model_state_bytes(*a, **k):\n    return theory.zero_bytes(*a)\n",
      "helpers.theory"),
-    ("10", "10.3", "from torch.nn.parallel import DistributedDataParallel as DDP\n", "DistributedDataParallel"),
+    ("10", "10.1", "from torch.nn.parallel import DistributedDataParallel as DDP\n", "DistributedDataParallel"),
+    ("10", "10.3", "def bring_flat_shard():\n    from torch.distributed.fsdp import fully_shard\n", "fully_shard"),
 ]
 
 
@@ -48,18 +49,20 @@ def test_a_comment_or_docstring_is_not_a_shortcut():
     assert shortcut(source, ("all_reduce",)) is None
 
 
-def test_forged_properties_of_10_3_score_zero():
-    # The attack that scored 5/5: _evaluate patched to return the booleans the old probe computed in the kernel.
+def test_forged_values_of_lab_10_score_zero():
+    # The attack that once scored 5/5 on the old 10.3: _evaluate patched to return the booleans the old probe
+    # computed in the kernel. Every lab 10 probe now compares raw values with the solution's run for the same seed.
     forged = {"steps": 20, "identical": True, "different_data": True, "loss_fell": True, "matches_ddp": True}
-    for probe in (p for p in probe_files.load("10")[1] if p.question == "10.3"):
-        passed, message = probe.grade(forged, forged, seed=5)
-        assert not passed and "did not return" in message
-
-
-def test_forged_batches_of_10_1_score_zero():
-    probe = _probe("10", "10.1")
-    forged = {"shapes": [[2, 6]] * 10, "windows": True, "in_range": True, "distinct": True}
-    assert not probe.grade(forged, forged, seed=5)[0]
+    solution = {"digests": ["a", "a"], "params": {"__tensor__": "float32", "shape": [2], "data": [0.5, -0.25]},
+                "losses": [4.0, 3.9], "grads": {"__tensor__": "float32", "shape": [2], "data": [0.1, 0.2]}}
+    for probe in probe_files.load("10")[1]:
+        expected = solution if probe.judge else [{"all_gather": {"calls": 2, "payload_bytes": 96, "wire_bytes": 64}}]
+        assert probe.grade(expected, expected, seed=5)[0], probe.name
+        passed, _ = probe.grade(expected, forged, seed=5)
+        assert not passed, probe.name
+    split = {**solution, "digests": ["a", "b"]}
+    graded = probe_files.load("10")[1][0].grade(solution, split, seed=5)
+    assert graded == (False, "the ranks end with different parameters")
 
 
 def test_each_question_has_its_own_secret_seed():

@@ -1,6 +1,13 @@
-"""Lab 10 (capstone GPT): batches seeded with the rank or drawn with replacement, targets not shifted, the global
-RNG used; a step that sums, clips before averaging or returns its own loss; replicas never synchronised."""
+"""Lab 10 (the capstone with your own components): each mistake is the solution's bring function with one edit.
+
+10.1 the Reducer: the hook copies the parameter, the bucket's sum is never divided, finish() leaves each rank its
+own gradient, the class not returned. 10.2 ZeRO-2: an all-reduce and a slice (a hidden all-reduce), the sum, the
+full gradients kept, L2 instead of decoupled weight decay. 10.3 FlatShard: the reduce-scatter's sum, reshard()
+that frees nothing, the class not returned.
+"""
 import sys
+
+import nbformat
 
 from helpers.grading.labgen import ROOT
 from tests.mistakes import Mistake
@@ -11,84 +18,50 @@ SOLUTION = ROOT / "solutions" / "10_capstone_gpt.ipynb"
 if str(ROOT / "chapters") not in sys.path:
     sys.path.insert(0, str(ROOT / "chapters"))
 _GIVEN = "\ncloudpickle.register_pickle_by_value(capstone)\ntorch.set_num_threads(1)\n"
-
-_BATCH = '''
-def get_batch(data, rank, world_size, step, batch_size, block_size, seed):
-    generator = torch.Generator().manual_seed({seed})
-    offsets = {draw}[: world_size * batch_size]
-    mine = offsets[rank * batch_size:(rank + 1) * batch_size].tolist()
-    rows = torch.stack([data[o:o + block_size + 1] for o in mine]).long()
-    return rows[:, :-1], {y}
-'''
-_RIGHT = dict(seed="seed * 1_000_003 + step", draw="torch.randperm(len(data) - block_size, generator=generator)",
-              y="rows[:, 1:]")
+_CELLS = {c.id: c.source for c in nbformat.read(SOLUTION, as_version=4).cells}
 
 
-def _batch(**changes):
-    return _BATCH.format(**{**_RIGHT, **changes})
-
-
-_STEP = '''
-def train_step(model, x, y, optimizer, grad_clip):
-    _, loss = model(x, y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    {before}
-    params = [p for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    {reduce}
-    for p, g in zip(params, flat.split([p.numel() for p in params])):
-        p.grad.copy_(g.view_as(p))
-    {after}
-    optimizer.step()
-    {loss}
-'''
-_STEP_RIGHT = dict(before="", reduce="dist.all_reduce(flat)\n    flat /= dist.get_world_size()",
-                   after="torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)",
-                   loss="total = loss.detach().clone()\n    dist.all_reduce(total)\n"
-                        "    return total.item() / dist.get_world_size()")
-
-
-def _step(**changes):
-    return _STEP.format(**{**_STEP_RIGHT, **changes})
+def _edit(cell, old, new):
+    """The solution's answer cell with one edit (the edit must apply: the solution may have changed)."""
+    source = _CELLS[cell]
+    assert source.count(old) == 1, f"{cell}: {old!r} is not in the solution once; update the mistake"
+    return _GIVEN + source.replace(old, new)
 
 
 _MISTAKES = [
-    Mistake("10.1", "the generator seeded with the rank", _batch(seed="seed * 1_000_003 + 1009 * step + rank"),
-            ("seeded with seed and step only (not the rank)", "keep rows rank * batch_size")),
-    Mistake("10.1", "offsets drawn with replacement (torch.randint)", _batch(
-        draw="torch.randint(len(data) - block_size, (world_size * batch_size,), generator=generator)"),
-            ("some twice", "without replacement (torch.randperm)")),
-    Mistake("10.1", "targets not shifted (y = x)", _batch(y="rows[:, :-1]"),
-            ("y must be x shifted by one token", "y = data[o + 1:o + block_size + 1]")),
-    Mistake("10.1", "the global generator seeded", _batch(seed="seed * 1_000_003 + step").replace(
-        "generator = torch.Generator().manual_seed(", "torch.manual_seed(").replace(", generator=generator)", ")"),
-            ("changed torch's global random state", "your own torch.Generator()")),
-    Mistake("10.1", "the step left out of the seed", _batch(seed="seed"),
-            ("same batch at step 0, seed 0 and at step 1", "seed the generator with seed AND step")),
+    Mistake("10.1", "the hook copies the parameter, not its gradient (chapter 03's bug)",
+            _edit("q101", "self.views[param].copy_(param.grad)", "self.views[param].copy_(param)"),
+            ("mean gradient differs from torch DDP's", "copy param.grad (not param)")),
+    Mistake("10.1", "the bucket's sum never divided by the world size",
+            _edit("q101", "self.buffer.div_(dist.get_world_size())", "pass"),
+            ("the SUM over the 3 ranks", "divide by the world size")),
+    Mistake("10.1", "finish() waits but copies nothing back: each rank steps with its own gradient",
+            _edit("q101", "p.grad.copy_(self.views[p])", "pass"),
+            ("rank 1's parameters differ from rank 0's", "copy the mean back into every p.grad")),
+    Mistake("10.1", "the pasted code without the return", _edit("q101", "    return Reducer\n", ""),
+            ("bring_reducer() returned NoneType", "return Reducer")),
 
-    Mistake("10.2", "the sum, not the mean", _step(reduce="dist.all_reduce(flat)"),
-            ("SUM over the", "divide")),
-    Mistake("10.2", "no all-reduce: each rank keeps its own gradient", _step(reduce="pass"),
-            ("still this rank's own gradient", "all-reduce")),
-    Mistake("10.2", "each rank clips its own gradient before averaging", _step(
-        before="torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)", after="pass"),
-            ("clipped to norm 0.05", "Clip AFTER averaging")),
-    Mistake("10.2", "returns its own batch's loss", _step(loss="return loss.item()"),
-            ("returned its own batch's loss", "return the")),
+    Mistake("10.2", "an all-reduce, then a slice: the right values, a hidden all-reduce",
+            _edit("q102", "dist.reduce_scatter_single(shard, flat)",
+                  "dist.all_reduce(flat)\n        shard.copy_(flat.view(world_size, -1)[dist.get_rank()])"),
+            ("issued 1 all-reduce(s)", "reduce-scatters the flat gradient")),
+    Mistake("10.2", "the reduce-scatter's sum never divided",
+            _edit("q102", "return shard.div_(world_size)", "return shard"),
+            ("the SUM over the 3 ranks", "divide by the world size")),
+    Mistake("10.2", "the full gradients kept after the reduce-scatter",
+            _edit("q102", "        for p in params:\n            p.grad = None\n", ""),
+            ("bytes of gradients between steps", "set every p.grad = None")),
+    Mistake("10.2", "L2 regularisation instead of AdamW's decoupled weight decay",
+            _edit("q102", "shard.mul_(1 - lr * weight_decay)  ", "grad_shard = grad_shard + weight_decay * shard  "),
+            ("parameters differ from torch ZeroRedundancyOptimizer's", "DECOUPLED weight decay")),
 
-    Mistake("10.3", "no broadcast: every rank keeps its own initialisation", '''
-def train_gpt(data, *, steps, batch_size, block_size, lr, grad_clip, seed, model_config):
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(seed + rank)
-    model = GPT(model_config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    losses = []
-    for step in range(steps):
-        x, y = get_batch(data, rank, world_size, step, batch_size, block_size, seed)
-        losses.append(train_step(model, x, y, optimizer, grad_clip))
-    return {"losses": losses, "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()}
-''', ("differ from rank 0's", "broadcast them")),
+    Mistake("10.3", "the reduce-scatter's sum never divided", _edit("q103", "grad.div_(dist.get_world_size())", "pass"),
+            ("the SUM over the 3 ranks", "divide by the world size")),
+    Mistake("10.3", "reshard() takes the views off but frees nothing",
+            _edit("q103", "self.flat.untyped_storage().resize_(0)      # every view", "pass      # every view"),
+            ("bytes in the units' full flat buffers", "resize_(0)")),
+    Mistake("10.3", "the pasted code without the return", _edit("q103", "    return FlatShard\n", ""),
+            ("bring_flat_shard() returned NoneType", "return FlatShard")),
 ]
 
-MISTAKES = [Mistake(m.question, m.name, _GIVEN + m.override, m.first_line, m.run_fails) for m in _MISTAKES]
+MISTAKES = _MISTAKES

@@ -16,6 +16,9 @@ The contract, and why:
   where structure is judged by a rule (bytes within 1 %, all-reduces started during backward); see judges.py.
 - A shortcut scores 0: the library function a question rebuilds (`forbidden`), or code that hides what it
   runs, found in the answer's source (shortcuts.py).
+A probe file may also declare `MANUAL = [Manual("10.4", "the report's analysis", points=6, cell="report-analysis")]`:
+parts graded by hand (a written report), whose text the grader copies out of each submission's Markdown cell of
+that id for the instructor, and whose points the instructor enters in OUT/manual.csv (helpers/grading/manual.py).
 Probe files are instructor code, run in the grader and in the graded kernel. In a public repository they are
 not hidden: instructors who need hidden tests keep their own directory.
 """
@@ -61,14 +64,34 @@ class Probe:
             return False, f"the value could not be judged ({type(exc).__name__}): see the lab for what to return"
 
 
-def load(lab, directory=None):
-    """(SETUP, [Probe, ...]) for lab "03" from directory (default: the course's own probes)."""
+@dataclasses.dataclass(frozen=True)
+class Manual:
+    """A part graded by hand: its question, a name students see, its points, the id of the Markdown cell it is in."""
+
+    question: str
+    name: str
+    points: float
+    cell: str
+
+
+def _module(lab, directory):
     path = pathlib.Path(directory or DEFAULT_DIR) / f"lab{lab}.py"
     if not path.is_file():
         raise FileNotFoundError(f"no probes for lab {lab}: expected {path}")
     spec = importlib.util.spec_from_file_location(f"_probes_lab{lab}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module, path
+
+
+def load_manual(lab, directory=None):
+    """[Manual, ...] for lab "10" from directory: the parts graded by hand (none for most labs)."""
+    return list(getattr(_module(lab, directory)[0], "MANUAL", []))
+
+
+def load(lab, directory=None):
+    """(SETUP, [Probe, ...]) for lab "03" from directory (default: the course's own probes)."""
+    module, path = _module(lab, directory)
     probes = list(module.PROBES)
     if not probes:
         raise ValueError(f"{path} defines no PROBES")

@@ -1,23 +1,32 @@
-"""Shared pieces of lab 10's checks: world size, the memoized launcher, the capstone GPT, the AdamW settings."""
+"""Shared pieces of lab 10's checks: the capstone's code, the sizes, the two memoized runs, the shared invariants.
+
+A question runs the student's component once (`yours.train` on WORLD_SIZE Gloo ranks), keyed by their bring
+function, and PyTorch's counterpart once per process, keyed by the sizes (it does not depend on the answer); every
+check of the question reads those two runs.
+"""
 import importlib
+import math
 import pathlib
 import sys
 
 import cloudpickle
-import torch
 
 from helpers.grading.shared_run import SharedRun, launch_on_gloo
 
 WORLD_SIZE = 3
-HANG_S = 20.0
+HANG_S = 30.0
 CHAPTERS = pathlib.Path(__file__).resolve().parents[4] / "chapters"
+# The checks' runs: a GPT of 1 block (10.3: 2 blocks, 3 units), 3 AdamW steps, 4 KiB buckets (4 of them here).
+SIZES = {"steps": 3, "batch_size": 2, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16, "lr": 1e-2,
+         "seed": 1, "bucket_cap_mb": 4 / 1024}
+# Yours vs PyTorch's on the same batches. Measured with the solution at these sizes: the losses equal, the first
+# mean gradient within 6e-8 (1.1e-7 of its largest entry), the parameters within 1.0e-5. Parameters drift most:
+# AdamW's update m / (sqrt(v) + eps) has the size of lr = 1e-2 even for a gradient entry made of rounding noise (the
+# ranks add in another order than PyTorch). A real bug (a gradient left unaveraged, L2 instead of decoupled decay)
+# moves parameters by about lr per step. Gradients are compared relative to their largest entry.
+TOL_LOSS, TOL_PARAMS, TOL_GRADS = 1e-5, 1e-4, 1e-5
 
 _memoized = SharedRun()  # one launch serves every check of a question
-
-
-def _launch(fn, *args, hint=""):
-    """Run fn on WORLD_SIZE Gloo ranks; a hang or a dead rank becomes a failure that says what to look at."""
-    return launch_on_gloo(fn, WORLD_SIZE, args, HANG_S, hint)
 
 
 def _capstone(module):
@@ -28,27 +37,78 @@ def _capstone(module):
     return importlib.import_module(f"capstone.{module}")
 
 
-def _still_a_todo(fn, *args, **kwargs):
-    """True when fn raises NotImplementedError at once (the lab's TODO): found in the kernel, without starting ranks.
-
-    An implemented function fails at once on these arguments (None for the model, no process group) and is launched.
-    """
-    try:
-        fn(*args, **kwargs)
-    except NotImplementedError:
-        return True
-    except Exception:  # noqa: BLE001 - any other outcome means: run it for real
-        return False
-    return False
+def config(**changes):
+    return _capstone("yours").CapstoneConfig(**{**SIZES, **changes})
 
 
-def capstone_model():
-    return _capstone("model")
+def _train_on_rank(kind, component, data, cfg):
+    return _capstone("yours").train(kind, data, cfg, component)
 
 
-def _flat(tensors):
-    return torch.cat([t.detach().reshape(-1) for t in tensors]).cpu()
+def brought(ns, name, question, valid, what):
+    """The component the student's bring function returns, after a look at its type (in the kernel, no ranks)."""
+    from helpers.grading.registry import answer
+
+    component = answer(ns, name)()
+    assert valid(component), f"{name}() returned {type(component).__name__} {str(component)[:60]}; {what}"
+    return component
 
 
-def _optimizer(model, lr):
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+def runs(ns, question, kind, name, valid, what, *, hint="", **changes):
+    """(yours, PyTorch's): per rank, what `yours.train` returns, at SIZES with `changes`."""
+    from helpers.grading.registry import answer
+
+    bring = answer(ns, name)
+    cfg, data = config(**changes), _capstone("data").load_corpus()[1]
+
+    def mine():
+        component = brought(ns, name, question, valid, what)
+        return launch_on_gloo(_train_on_rank, WORLD_SIZE, (kind, component, data, cfg), HANG_S, hint)
+
+    def theirs():
+        counterpart = _capstone("yours").YOURS[kind]
+        return launch_on_gloo(_train_on_rank, WORLD_SIZE, (counterpart, None, data, cfg), HANG_S)
+    return _memoized(question, bring, mine), _memoized(f"{question}/torch", repr(cfg), theirs)
+
+
+def identical_parameters_from_different_data(mine, what):
+    """The invariant of every lab: every rank read its own batches and ends with rank 0's parameters, bit for bit."""
+    digests = [rank["batches"] for rank in mine]
+    assert len(set(digests)) == len(digests), f"two ranks read the same batches: {digests}"
+    for rank, out in enumerate(mine[1:], start=1):
+        gap = (out["params"] - mine[0]["params"]).abs().max().item()
+        assert gap == 0, (f"after {len(out['losses'])} steps rank {rank}'s parameters differ from rank 0's by "
+                          f"{gap:.3g}; {what}")
+
+
+def gap(a, b):
+    return (a - b).abs().max().item()
+
+
+def equal_to_torch(mine, theirs, name, *, grads_hint, params_hint):
+    """Yours against PyTorch's on the same batches: the first mean gradient, the final parameters, every loss.
+
+    The first step's gradient is computed at the same parameters in both runs: a difference there is the
+    synchronisation's; later gradients also differ when the updates do."""
+    ours, ref = mine[0], theirs[0]
+    scale = ref["grads"].abs().max().item()
+    grad_gap = gap(ours["grads"], ref["grads"])
+    ratio = ours["grads"].norm().item() / max(ref["grads"].norm().item(), 1e-30)
+    if not grad_gap <= TOL_GRADS * scale and abs(ratio - WORLD_SIZE) < 1e-3 * WORLD_SIZE:
+        raise AssertionError(f"the first step's gradient is {WORLD_SIZE} times {name}'s: the SUM over the "
+                             f"{WORLD_SIZE} ranks; divide by the world size to get the mean")
+    assert grad_gap <= TOL_GRADS * scale, (
+        f"the first step's mean gradient differs from {name}'s by {grad_gap:.3g} (largest entry {scale:.3g}, "
+        f"tolerance {TOL_GRADS:g} of it); {grads_hint}")
+    param_gap = gap(ours["params"], ref["params"])
+    assert param_gap < TOL_PARAMS, (
+        f"after {len(ours['losses'])} steps the parameters differ from {name}'s by {param_gap:.3g} (tolerance "
+        f"{TOL_PARAMS:g}); {params_hint}")
+    loss_gap = max(abs(a - b) for a, b in zip(ours["losses"], ref["losses"]))
+    assert loss_gap < TOL_LOSS and not math.isnan(loss_gap), (
+        f"the losses differ from {name}'s on the same batches by up to {loss_gap:.3g} (tolerance {TOL_LOSS:g})")
+
+
+def per_step(mine):
+    """[(rank, step, {op: {"calls", "payload_bytes", "wire_bytes"}})] of every rank's ledgers."""
+    return [(rank, step, ops) for rank, out in enumerate(mine) for step, ops in enumerate(out["comm"])]

@@ -3,6 +3,7 @@ import sys
 
 import cloudpickle
 import pytest
+import torch
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
@@ -25,10 +26,27 @@ def test_solution_passes_7_1():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("question", ["7.2", "7.3", "7.4"])
-def test_solution_passes_multi_rank(question):
+@pytest.mark.parametrize("question, total", [("7.2", 5), ("7.3", 5), ("7.4", 5), ("7.5", 4)])
+def test_solution_passes_multi_rank(question, total):
     result = check(question, solution_namespace())
-    assert result.total == 5 and result.passed == result.total, result.lines
+    assert result.total == total and result.passed == result.total, result.lines
+
+
+def test_zero_adamw_without_a_process_group_says_what_to_do():
+    zero_adamw = solution_namespace()["ZeroAdamW"]
+    with pytest.raises(RuntimeError, match="there is none: create it on every rank, inside a function run by"):
+        zero_adamw([torch.nn.Parameter(torch.zeros(2))])
+
+
+def test_torch_keeps_a_string_state_key_and_reads_an_int_one_as_a_parameter():
+    """Lab 7.5 keys each group's shard state "group i", because Optimizer.load_state_dict (torch/optim/optimizer.py)
+    puts a key that is not a parameter's index back as it is, and turns an int key into the parameter of that index."""
+    p = torch.nn.Parameter(torch.zeros(2))
+    saved = torch.optim.SGD([p], lr=0.1)
+    saved.state["group 0"], saved.state[0] = {"step": 4}, {"step": 3}
+    loaded = torch.optim.SGD([p], lr=0.1)
+    loaded.load_state_dict(saved.state_dict())
+    assert dict(loaded.state) == {"group 0": {"step": 4}, p: {"step": 3}}
 
 
 WRONG_7_1 = {

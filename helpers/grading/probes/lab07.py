@@ -51,6 +51,32 @@ def _probe_train(steps):
         state = train_zero2(model, batches, lr=0.03, weight_decay=0.05)
     return {"params": [p.detach() for p in model.parameters()], "ops": [r.op for r in ledger.records],
             "exp_avg": state["exp_avg"]}
+
+def _probe_optimizer(steps):
+    """ZeroAdamW over two groups (a frozen tensor in one), the lr changed through param_groups after one step."""
+    rank = _probe_dist.get_rank()
+    _probe_torch.manual_seed(_PROBE_SEED + 9)
+    nn = _probe_torch.nn
+    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+    model[2].bias.requires_grad_(False)
+    groups = [{"params": [model[0].weight, model[2].weight], "weight_decay": 0.05},
+              {"params": [model[0].bias, model[2].bias], "lr": 0.02, "weight_decay": 0.0}]
+    optimizer = ZeroAdamW(groups, lr=0.01, betas=(0.85, 0.99))
+    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 90 + rank)
+    with _probe_Ledger() as ledger:
+        for step in range(steps):
+            if step == 1:
+                for group in optimizer.param_groups:
+                    group["lr"] *= 0.3
+            x = _probe_torch.randn(3, 3, generator=g)
+            optimizer.zero_grad()
+            _probe_torch.nn.functional.mse_loss(model(x), _probe_torch.sin(x[:, :2])).backward()
+            optimizer.step()
+    state = [t.numel() for value in optimizer.state.values() for t in value.values()
+             if isinstance(t, _probe_torch.Tensor)]
+    return {"params": [p.detach() for p in model.parameters()], "ops": [r.op for r in ledger.records],
+            "groups": [[group[k] for k in ("lr", "betas", "eps", "weight_decay")] for group in optimizer.param_groups],
+            "state_elements": sorted(state)}
 '''
 
 PROBES = [
@@ -72,8 +98,12 @@ PROBES = [
     Probe("7.4", "3 ranks, a frozen middle layer, 3 steps", "_probe_launch(_probe_train, 3, args=(3,), hang_timeout=20)",
           points=3),
     Probe("7.4", "2 ranks, 2 steps", "_probe_launch(_probe_train, 2, args=(2,), hang_timeout=20)", points=2),
+    Probe("7.5", "4 ranks, two groups, the lr changed after one step (rank 3 holds only padding of a group)",
+          "_probe_launch(_probe_optimizer, 4, args=(3,), hang_timeout=20)", points=2),
+    Probe("7.5", "2 ranks, two groups, 2 steps", "_probe_launch(_probe_optimizer, 2, args=(2,), hang_timeout=20)"),
 ]
 
-# Using PyTorch's ZeRO scores 0 on the questions that rebuild it.
+# Using PyTorch's ZeRO scores 0 on the questions that rebuild it; 7.5 wraps the 7.2 step, not torch's Adam.
 _FORBIDDEN = ("ZeroRedundancyOptimizer",)
-PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) if p.question in ('7.1', '7.2', '7.3', '7.4') else p for p in PROBES]
+_FORBIDDEN_7_5 = _FORBIDDEN + ("Adam", "AdamW", "adam", "adamw")
+PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN_7_5 if p.question == "7.5" else _FORBIDDEN) for p in PROBES]

@@ -43,7 +43,7 @@ def test_torch_gives_the_recorded_buckets():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("question", ["4.1", "4.2", "4.3", "4.4"])
+@pytest.mark.parametrize("question", ["4.1", "4.2", "4.3", "4.4", "4.5"])
 def test_solution_passes(question):
     result = check(question, solution_namespace())
     assert result.total > 0 and result.passed == result.total, result.lines
@@ -338,3 +338,41 @@ def test_the_given_reducer_starts_every_rank_from_rank_0s_parameters_and_buffers
     for rank, state in enumerate(states[1:], 1):
         differ = [name for name, t in states[0].items() if not torch.equal(state[name], t)]
         assert not differ, f"rank {rank} differs from rank 0 in {differ} after Reducer(model)"
+
+
+# --- 4.5 -------------------------------------------------------------------------------------------
+# Driven through check() once, by tests/test_mistakes.py (tests/mistakes/lab04.py), which also holds the first line
+# of each report to the mistake and its fix.
+
+def bucketed_ddp(init="self.module = module\n        self.reducer = Reducer(module, bucket_cap_mb)",
+                 forward=None, finish="self.reducer.finalize()", module_init="super().__init__()", name="module"):
+    """A BucketedDDP written out whole, with one part changed; the defaults are the solution's."""
+    forward = forward or f'''unfinished = [b for b in self.reducer.buckets
+                      if b.work is not None or b.pending != len(b.params)]
+        if unfinished:
+            raise RuntimeError("call finish_gradient_synchronization() after backward()")
+        return self.{name}(*args, **kwargs)'''
+    return f'''
+class BucketedDDP(nn.Module):
+    def __init__(self, module, bucket_cap_mb=25.0):
+        {module_init}
+        {init}
+
+    def forward(self, *args, **kwargs):
+        {forward}
+
+    def finish_gradient_synchronization(self):
+        {finish}
+'''
+
+
+FINISH_DOES_NOTHING = bucketed_ddp(finish="pass                                   # the buckets are never waited for")
+NO_REFUSAL = bucketed_ddp(forward="return self.module(*args, **kwargs)    # a forgotten finish goes unnoticed")
+REDUCER_IN_FORWARD = bucketed_ddp(
+    init="self.module, self.cap = module, bucket_cap_mb",
+    forward="self.reducer = Reducer(self.module, self.cap)   # a broadcast and new hooks at every call\n"
+            "        return self.module(*args, **kwargs)")
+KEPT_AS_MODEL = bucketed_ddp(init="self.model = module                    # torch's name is .module\n"
+                                  "        self.reducer = Reducer(module, bucket_cap_mb)", name="model")
+NO_MODULE_INIT = bucketed_ddp(module_init="pass                                   # nn.Module.__init__ never runs")
+

@@ -3,6 +3,7 @@ import sys
 
 import cloudpickle
 import pytest
+import torch
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
@@ -16,7 +17,9 @@ SOLUTION = ROOT / "solutions" / "07_zero_1_and_2.ipynb"
 
 def solution_namespace(override=""):
     """The solution's imports, given code and answers exec'd into a fresh namespace; `override` then redefines some."""
-    return lab_solution.namespace(SOLUTION, lambda cell: cell.id in ("imports", "given-state") or lab_solution.is_answer(cell), override)
+    def wanted(cell):
+        return cell.id in ("imports", "given-state") or lab_solution.is_answer(cell)
+    return lab_solution.namespace(SOLUTION, wanted, override)
 
 
 def test_solution_passes_7_1():
@@ -25,10 +28,27 @@ def test_solution_passes_7_1():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("question", ["7.2", "7.3", "7.4"])
-def test_solution_passes_multi_rank(question):
+@pytest.mark.parametrize("question, total", [("7.2", 5), ("7.3", 5), ("7.4", 5), ("7.5", 4)])
+def test_solution_passes_multi_rank(question, total):
     result = check(question, solution_namespace())
-    assert result.total == 5 and result.passed == result.total, result.lines
+    assert result.total == total and result.passed == result.total, result.lines
+
+
+def test_zero_adamw_without_a_process_group_says_what_to_do():
+    zero_adamw = solution_namespace()["ZeroAdamW"]
+    with pytest.raises(RuntimeError, match="there is none: create it on every rank, inside a function run by"):
+        zero_adamw([torch.nn.Parameter(torch.zeros(2))])
+
+
+def test_torch_keeps_a_string_state_key_and_reads_an_int_one_as_a_parameter():
+    """Lab 7.5 keys each group's shard state "group i", because Optimizer.load_state_dict (torch/optim/optimizer.py)
+    puts a key that is not a parameter's index back as it is, and turns an int key into the parameter of that index."""
+    p = torch.nn.Parameter(torch.zeros(2))
+    saved = torch.optim.SGD([p], lr=0.1)
+    saved.state["group 0"], saved.state[0] = {"step": 4}, {"step": 3}
+    loaded = torch.optim.SGD([p], lr=0.1)
+    loaded.load_state_dict(saved.state_dict())
+    assert dict(loaded.state) == {"group 0": {"step": 4}, p: {"step": 3}}
 
 
 WRONG_7_1 = {
@@ -144,7 +164,7 @@ def test_wrong_multi_rank_answers_fail(name):
 
 @pytest.mark.timeout(120)
 def test_textbook_adam_formula_passes():
-    """Adam written with other operations than torch's, list all_gather, vector_to_parameters: right too (within TOL)."""
+    """Adam with other operations than torch's, list all_gather, vector_to_parameters: right too (within TOL)."""
     ns = solution_namespace('''
         def zero_adamw_step(params, grad_shard, state, *, lr, weight_decay, betas=(0.9, 0.999), eps=1e-8):
             rank, world_size = dist.get_rank(), dist.get_world_size()

@@ -1,4 +1,5 @@
-"""Lab 04 (bucketing and overlap): chapter 04's first versions and the picotron hook bug, held to their first line.
+"""Lab 04 (bucketing and overlap): chapter 04's first versions, the picotron hook bug and the slips of a DDP-shaped
+wrapper (4.5), held to their first line.
 
 The wrong answers are the ones tests/test_lab04_checks.py already holds.
 """
@@ -30,4 +31,13 @@ MISTAKES = [
     Mistake("4.4", "optimizer.step() before finalize()", wrong.STEP_BEFORE_FINALIZE,
             ("finalize() BEFORE optimizer.step()",)),
     Mistake("4.4", "a new Reducer every step", wrong.REDUCER_PER_STEP, ("Build ONE Reducer before the loop",)),
+    Mistake("4.5", "finish_gradient_synchronization does nothing", wrong.FINISH_DOES_NOTHING,
+            ("finish_gradient_synchronization() must finish every bucket", "finalize()")),
+    Mistake("4.5", "forward never refuses an unsynchronized step", wrong.NO_REFUSAL,
+            ("the second forward ran", "Raise RuntimeError")),
+    Mistake("4.5", "a Reducer built in forward", wrong.REDUCER_IN_FORWARD, ("build the Reducer", "ONCE, in __init__")),
+    Mistake("4.5", "the model kept as .model, not .module", wrong.KEPT_AS_MODEL,
+            ("keep the wrapped model as self.module",)),
+    Mistake("4.5", "nn.Module.__init__ never called", wrong.NO_MODULE_INIT,
+            ("cannot assign module before Module.__init__() call",)),
 ]

@@ -1,5 +1,6 @@
-"""Lab 07 (ZeRO-1 and ZeRO-2): the shard arithmetic's off-by-ones, Adam's L2 for AdamW, unpadded collectives, and the
-usual slips of a ZeRO-2 loop (the sum for the mean, full gradients kept, the frozen layer in the flat parameter)."""
+"""Lab 07 (ZeRO-1 and ZeRO-2): the shard arithmetic's off-by-ones, Adam's L2 for AdamW, unpadded collectives, the
+usual slips of a ZeRO-2 loop (the sum for the mean, full gradients kept, the frozen layer in the flat parameter), and
+of its torch.optim shape (the constructor's values for every group, the state remade, no defaults)."""
 from helpers.grading.labgen import ROOT
 from tests.mistakes import Mistake
 
@@ -68,6 +69,29 @@ def train_zero2(model, batches, *, lr, weight_decay):
         zero_adamw_step(params, grad_shard, state, lr=lr, weight_decay=weight_decay)
     return state
 '''
+
+
+def _zero_adamw(init='super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})',
+                trainable="[p for p in group[\"params\"] if p.requires_grad]", state=None, grad_shard=None,
+                values='lr=group["lr"], weight_decay=group["weight_decay"], betas=group["betas"], eps=group["eps"]'):
+    """Lab 7.5's answer with one piece changed: the constructor, the parameters, the state, the gradient or values."""
+    state = state or '''state = self.state[f"group {index}"]
+            if not state:
+                state.update(adam_state(params, dist.get_world_size()))'''
+    return f'''
+class ZeroAdamW(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        {init}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for index, group in enumerate(self.param_groups):
+            params = {trainable}
+            {state}
+            grad_shard = {grad_shard or "reduce_scatter_gradients(params)"}
+            zero_adamw_step(params, grad_shard, state, {values})
+'''
+
 
 MISTAKES = [
     Mistake("7.1", "start not clipped: a shard past the end starts past numel", _RANGE.format(body='''
@@ -197,4 +221,21 @@ def train_zero2(model, batches, *, lr, weight_decay):
             ("state['step'] is 1 after 4 steps", "once, before the loop")),
     Mistake("7.4", "weight_decay not passed on", _TRAIN.replace("weight_decay=weight_decay)", "weight_decay=0.0)"),
             ("without weight decay", "pass weight_decay=weight_decay")),
+
+    Mistake("7.5", "the constructor's values kept for every group (self.lr)", _zero_adamw(
+        init='super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})\n'
+             '        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay',
+        values="lr=self.lr, weight_decay=self.weight_decay, betas=self.betas, eps=self.eps"),
+            ("constructor's lr and weight_decay", "group['lr']")),
+    Mistake("7.5", "the frozen tensors in the flat parameter", _zero_adamw(trainable='list(group["params"])'),
+            ("frozen first layer changed", "requires_grad=True")),
+    Mistake("7.5", "the state made anew at every step", _zero_adamw(
+        state="state = adam_state(params, dist.get_world_size())"), ("step counts", "made once")),
+    Mistake("7.5", "no defaults given to the base constructor", _zero_adamw(init="super().__init__(params, {})"),
+            ("param_groups' values", "super().__init__ as the defaults")),
+    Mistake("7.5", "each rank's own gradient, sliced (no reduce-scatter)", _zero_adamw(grad_shard='''torch.cat([
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            start, stop, pad = shard_range(grad_shard.numel(), dist.get_rank(), dist.get_world_size())
+            grad_shard = torch.cat([grad_shard[start:stop], grad_shard.new_zeros(pad)])'''),
+            ("no reduce_scatter", "call reduce_scatter_gradients(params)")),
 ]

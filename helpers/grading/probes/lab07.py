@@ -51,11 +51,38 @@ def _probe_train(steps):
         state = train_zero2(model, batches, lr=0.03, weight_decay=0.05)
     return {"params": [p.detach() for p in model.parameters()], "ops": [r.op for r in ledger.records],
             "exp_avg": state["exp_avg"]}
+
+def _probe_optimizer(steps):
+    """ZeroAdamW over two groups (a frozen tensor in one), the lr changed through param_groups after one step."""
+    rank = _probe_dist.get_rank()
+    _probe_torch.manual_seed(_PROBE_SEED + 9)
+    nn = _probe_torch.nn
+    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+    model[2].bias.requires_grad_(False)
+    groups = [{"params": [model[0].weight, model[2].weight], "weight_decay": 0.05},
+              {"params": [model[0].bias, model[2].bias], "lr": 0.02, "weight_decay": 0.0}]
+    optimizer = ZeroAdamW(groups, lr=0.01, betas=(0.85, 0.99))
+    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 90 + rank)
+    with _probe_Ledger() as ledger:
+        for step in range(steps):
+            if step == 1:
+                for group in optimizer.param_groups:
+                    group["lr"] *= 0.3
+            x = _probe_torch.randn(3, 3, generator=g)
+            optimizer.zero_grad()
+            _probe_torch.nn.functional.mse_loss(model(x), _probe_torch.sin(x[:, :2])).backward()
+            optimizer.step()
+    state = [t.numel() for value in optimizer.state.values() for t in value.values()
+             if isinstance(t, _probe_torch.Tensor)]
+    return {"params": [p.detach() for p in model.parameters()], "ops": [r.op for r in ledger.records],
+            "groups": [[group[k] for k in ("lr", "betas", "eps", "weight_decay")] for group in optimizer.param_groups],
+            "state_elements": sorted(state)}
 '''
 
 PROBES = [
     Probe("7.1", "17-23 elements on 5 ranks", "[list(shard_range(17 + _PROBE_SEED % 7, r, 5)) for r in range(5)]"),
-    Probe("7.1", "fewer elements than ranks, 4 to 8 ranks (ranks with only padding)", "[list(shard_range(1 + _PROBE_SEED // 5 % (3 + _PROBE_SEED % 5), r, 4 + _PROBE_SEED % 5)) "
+    Probe("7.1", "fewer elements than ranks, 4 to 8 ranks (ranks with only padding)",
+          "[list(shard_range(1 + _PROBE_SEED // 5 % (3 + _PROBE_SEED % 5), r, 4 + _PROBE_SEED % 5)) "
           "for r in range(4 + _PROBE_SEED % 5)]"),
     Probe("7.1", "100-149 elements on 7 ranks, and 1 element on 1 rank",
           "[list(shard_range(100 + _PROBE_SEED % 50, r, 7)) for r in range(7)] + [list(shard_range(1, 0, 1))]"),
@@ -69,11 +96,16 @@ PROBES = [
           points=2),
     Probe("7.3", "3 ranks, a missing gradient on rank 2", "_probe_launch(_probe_reduce, 3, args=(2,), hang_timeout=10)",
           points=2),
-    Probe("7.4", "3 ranks, a frozen middle layer, 3 steps", "_probe_launch(_probe_train, 3, args=(3,), hang_timeout=20)",
+    Probe("7.4", "3 ranks, a frozen middle layer, 3 steps",
+          "_probe_launch(_probe_train, 3, args=(3,), hang_timeout=20)",
           points=3),
     Probe("7.4", "2 ranks, 2 steps", "_probe_launch(_probe_train, 2, args=(2,), hang_timeout=20)", points=2),
+    Probe("7.5", "4 ranks, two groups, the lr changed after one step (rank 3 holds only padding of a group)",
+          "_probe_launch(_probe_optimizer, 4, args=(3,), hang_timeout=20)", points=2),
+    Probe("7.5", "2 ranks, two groups, 2 steps", "_probe_launch(_probe_optimizer, 2, args=(2,), hang_timeout=20)"),
 ]
 
-# Using PyTorch's ZeRO scores 0 on the questions that rebuild it.
+# Using PyTorch's ZeRO scores 0 on the questions that rebuild it; 7.5 wraps the 7.2 step, not torch's Adam.
 _FORBIDDEN = ("ZeroRedundancyOptimizer",)
-PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) if p.question in ('7.1', '7.2', '7.3', '7.4') else p for p in PROBES]
+_FORBIDDEN_7_5 = _FORBIDDEN + ("Adam", "AdamW", "adam", "adamw")
+PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN_7_5 if p.question == "7.5" else _FORBIDDEN) for p in PROBES]

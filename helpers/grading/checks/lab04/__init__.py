@@ -1,4 +1,4 @@
-"""Public checks of lab 04: a bucketed, overlapped DDP (assign_buckets, Bucket, Reducer, train_bucketed).
+"""Public checks of lab 04: a bucketed, overlapped DDP (assign_buckets, Bucket, Reducer, train_bucketed, BucketedDDP).
 
 Multi-rank checks run the student's code through `helpers.launch` (Gloo, CPU) at world sizes 2 and 3, with different
 data on every rank. Rank-side functions (`_on_ranks_*`) return plain data; expected values are computed here, in the
@@ -12,4 +12,5 @@ from helpers.grading.checks.lab04 import (  # noqa: F401 - importing a question'
     q2_bucket,
     q3_reducer,
     q4_train_bucketed,
+    q5_bucketed_ddp,
 )

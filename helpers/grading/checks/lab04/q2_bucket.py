@@ -47,7 +47,8 @@ def _on_ranks_bucket(Bucket, steps, slow_rank_s):
             bucket.finish()
             # An all-reduce whose end is not stamped yet had not finished when finish() returned.
             unfinished = sum(r.end is None for r in ledger.records[early:] if r.op == "all_reduce")
-        report.append({"unfinished": unfinished, "early": [(r.op, r.payload_bytes) for r in ledger.records[:early]], "launched": launched,
+        report.append({"unfinished": unfinished, "early": [(r.op, r.payload_bytes) for r in ledger.records[:early]],
+                       "launched": launched,
                        "after_finish": len(ledger.records) - early - len(launched), "launch_s": launch_s,
                        "grads": [p.grad.clone() for p in params]})
     return report

@@ -36,8 +36,11 @@ def _on_ranks_train(train_bucketed, steps, lr):
         optimizer.zero_grad(set_to_none=True)
         F.mse_loss(ddp(x), y).backward()
         optimizer.step()
-    final = lambda m: flat([p.detach() for p in m.parameters()])
-    return final(model), final(ddp), calls, losses
+    return _flat_parameters(model), _flat_parameters(ddp), calls, losses
+
+
+def _flat_parameters(module):
+    return flat([p.detach() for p in module.parameters()])
 
 
 @public_check("4.4")

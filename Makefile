@@ -68,7 +68,8 @@ lab: setup
 
 # Two pytest workers: most of a test's time is kernels and ranks starting or waiting, so two at once fill
 # the 2 cores better than one. loadscope keeps a test file (and a notebook's cells, which share one kernel)
-# on one worker, so module fixtures are built once.
+# on one worker, so module fixtures are built once. tests/longest_first.py hands out the longest files first (by the
+# seconds in tests/scope_seconds.json), so both workers end together.
 # tests/device_guard_plugin.py runs the chapters with the device guard pretending (the NCCL path, checked on a CPU).
 # tests/warm_kernels.py: the notebooks' kernels (nbval's python3-warm, tests/test_labs.py) are forks of one process
 # per worker that imported torch once; a kernel started the usual way costs ~10 s of CPU before its first cell.
@@ -78,7 +79,7 @@ lab: setup
 # kernel_threads) with torch's default of every core spin-wait on each other, 17% more CPU seconds measured.
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --nbval-lax --nbval-kernel-name python3-warm \
-		-p no:cacheprovider -m "not install" -p tests.device_guard_plugin -p tests.warm_kernels \
+		-p no:cacheprovider -m "not install" -p tests.device_guard_plugin -p tests.warm_kernels -p tests.longest_first \
 		tests $(NOTEBOOKS) $(PYTEST_ARGS)
 
 test-install: setup

@@ -1,5 +1,6 @@
 """helpers.launcher.forkserver: one forkserver per process, restarted when a caller needs other modules preloaded."""
 import multiprocessing.forkserver
+import subprocess
 import sys
 
 import pytest
@@ -39,3 +40,13 @@ def test_the_same_preload_keeps_the_running_forkserver():
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
     forkserver.ensure_running(["helpers.launcher.worker", "torch._dynamo"])
     assert multiprocessing.forkserver._forkserver._forkserver_pid == pid
+
+
+@pytest.mark.timeout(60)
+def test_a_forkserver_started_by_fork_leaves_the_callers_process_group():
+    # A kernel's shutdown signals and waits for every child in its group (tests/test_kernel.py, the last test).
+    code = ("import os, multiprocessing.forkserver as mf\nfrom helpers.launcher import forkserver\n"
+            "assert forkserver.start_by_fork([])\n"
+            "print(os.getpgid(mf._forkserver._forkserver_pid) != os.getpgrp())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert done.stdout.split() == ["True"], done.stderr

@@ -14,9 +14,13 @@ import inspect
 import multiprocessing.connection
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import multiprocessing.spawn
+import multiprocessing.util
 import os
 import signal
 import socket
+import subprocess
+import sys
 
 
 def _server():
@@ -44,7 +48,9 @@ def ensure_running(preload):
             server._stop()
         preload = running + missing
     multiprocessing.forkserver.set_forkserver_preload(preload)
+    start_resource_tracker()
     multiprocessing.forkserver.ensure_running()
+    stop_before_kernel_shutdown()
 
 
 # multiprocessing.forkserver.main's parameters in Python 3.9-3.13; 3.14 adds an authentication key, which this
@@ -68,7 +74,7 @@ def start_by_fork(preload):
         return False
     for name in preload:
         importlib.import_module(name)
-    multiprocessing.resource_tracker.ensure_running()  # its fd goes to every rank, as in the usual start
+    start_resource_tracker()  # its fd goes to every rank, as in the usual start
     address = multiprocessing.connection.arbitrary_address("AF_UNIX")
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address)
@@ -78,6 +84,7 @@ def start_by_fork(preload):
         pid = os.fork()
         if pid == 0:  # the forkserver: it must not hold the write end, or it never sees its clients go
             _serve(main, listener.fileno(), alive_r, alive_w, preload)
+    os.setpgid(pid, pid)  # the child does it too: whichever runs first, it is out of our group when we go on
     os.close(alive_r)
     server._forkserver_address, server._forkserver_alive_fd = address, alive_w
     server._forkserver_pid, server._preload_modules = pid, preload
@@ -88,10 +95,72 @@ def _serve(main, listener_fd, alive_r, alive_w, preload):
     """The forked child: multiprocessing's forkserver loop, then exit without running the parent's clean-ups."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # main() does this too, but a ^C may come before it
+        os.setpgid(0, 0)  # out of the kernel's process group: stop_before_kernel_shutdown says why
         os.close(alive_w)
         main(listener_fd, alive_r, preload)
     finally:
         os._exit(0)
+
+
+def stop_before_kernel_shutdown():
+    """In an IPython kernel, stop the forkserver (and reap it) when a shutdown or restart begins.
+
+    ipykernel's shutdown signals every child in the kernel's process group and waits, up to 14 s, until none is
+    left; the forkserver dies at the first SIGTERM but stays a zombie, a child still, since nothing waits for it.
+    Jupyter then gives up after its shutdown_wait_time (5 s) and kills the kernel: every restart took 5 s. A
+    forkserver started by start_by_fork leaves the group instead (its _serve), before the kernel exists, and
+    exits without the interpreter's teardown.
+    """
+    server = _server()
+    kernel = getattr(getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)(), "kernel", None)
+    if server is None or kernel is None or getattr(kernel.do_shutdown, "stops_forkserver", False):
+        return
+    do_shutdown = kernel.do_shutdown
+
+    def stop_then_shut_down(*args, **kwargs):
+        if server._forkserver_pid is not None:
+            # A kill, not its "alive" pipe closed: exiting, an interpreter with torch spends seconds tearing it
+            # down for nothing. Its children, ranks that finished, need nothing from it. _stop() reaps it.
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+            server._stop()
+        return do_shutdown(*args, **kwargs)
+
+    stop_then_shut_down.stops_forkserver = True
+    kernel.do_shutdown = stop_then_shut_down
+
+
+def start_resource_tracker():
+    """multiprocessing's resource tracker, started as multiprocessing starts it but in a session of its own.
+
+    ipykernel's shutdown sends SIGTERM to each child in the kernel's process group, waiting 0.01 s, 0.03 s, ... up
+    to 14 s in all for them to go before a SIGKILL. The tracker ignores SIGTERM, so a kernel that had started the
+    forkserver took Jupyter's whole shutdown_wait_time (5 s), then a kill, to shut down or restart. Outside the
+    group ipykernel leaves it alone, and it still ends as always: when the last holder of its pipe exits.
+    """
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    if getattr(tracker, "_fd", 0) is not None or not hasattr(tracker, "_pid"):
+        multiprocessing.resource_tracker.ensure_running()  # running already, or a Python without these names
+        return
+    read_end, write_end = os.pipe()
+    command = [multiprocessing.spawn.get_executable(), *multiprocessing.util._args_from_interpreter_flags(),
+               "-c", f"from multiprocessing.resource_tracker import main;main({read_end})"]
+    # As multiprocessing does: SIGINT and SIGTERM blocked until the tracker has installed its own handlers.
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        tracker_process = subprocess.Popen(command, pass_fds=(read_end, *_stderr_fd()), start_new_session=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+        os.close(read_end)
+    tracker._fd, tracker._pid = write_end, tracker_process.pid
+
+
+def _stderr_fd():
+    """stderr's fd for the tracker's warnings, as multiprocessing passes it; none where stderr has no fd (a kernel)."""
+    try:
+        return [sys.stderr.fileno()]
+    except Exception:  # noqa: BLE001 - io.UnsupportedOperation, ValueError, AttributeError: all mean no fd
+        return []
 
 
 def preloaded():

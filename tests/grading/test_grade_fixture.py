@@ -8,8 +8,6 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 import time
 
 import nbformat
@@ -214,9 +212,11 @@ def test_the_solution_search_works_outside_the_sandbox(graded, tmp_path):
     root, _, _, _, _ = graded
     work = root / "elsewhere" / "work"
     work.mkdir(parents=True)
-    done = subprocess.run([sys.executable, "-c", hostile.FIND_SOLUTION], cwd=work, capture_output=True, text=True,
-                          timeout=120)
-    assert done.stdout.startswith("FOUND") and "97_fixture.ipynb" in done.stdout, done.stdout + done.stderr
+    # In this process, not a new interpreter: `import helpers` imports torch, 3 CPU-s more.
+    printed = io.StringIO()
+    with contextlib.chdir(work), contextlib.redirect_stdout(printed):
+        exec(hostile.FIND_SOLUTION, {"__name__": "find_solution"})  # the attack, run on purpose
+    assert printed.getvalue().startswith("FOUND") and "97_fixture.ipynb" in printed.getvalue(), printed.getvalue()
 
 
 @needs_sandbox

@@ -1,8 +1,8 @@
 """A kernel per submission, inside a bubblewrap sandbox (bwrap, the tool Flatpak uses).
 
 What each fence does, and what it does not (the README's threat model table is measured by
-tests/grading/test_sandbox.py and the
-hostile students of tests/grading/test_grade_fixture.py, written in tests/grading/hostile.py):
+tests/grading/test_sandbox.py and by the hostile students of tests/grading/hostile.py, graded in
+tests/grading/test_grade_fixture.py):
 - bwrap `--unshare-pid`: the kernel and everything it starts live in their own PID namespace; they
   cannot see or signal the grader, and all of them die with the sandbox (`--die-with-parent`), daemons
   included;

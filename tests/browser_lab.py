@@ -128,9 +128,9 @@ class Lab:
     def api(self, path):
         return f"{self.url}/api/{path}?token={self.token}"
 
-    def notebook_url(self, name):
-        # reset: start from an empty workspace, not reopen the notebooks of the previous page
-        return f"{self.url}/lab/tree/{name}?reset&token={self.token}"
+    def lab_url(self):
+        # reset: start from an empty workspace, not reopen the notebooks of an earlier page
+        return f"{self.url}/lab?reset&token={self.token}"
 
     def shutdown_kernels(self):
         """Shut down every running kernel (DELETE /api/kernels/<id>), as Kernel > Shut Down does."""
@@ -193,14 +193,31 @@ def launch_chromium(playwright, executable, user_data_dir):
         args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
 
 
-def open_notebook(page, lab, name, timeout_ms=60_000):
-    """Open a notebook and wait until its kernel is connected and idle."""
+def open_lab(page, lab, timeout_ms=60_000):
+    """Load JupyterLab in the tab, from an empty workspace, and wait for its file browser."""
+    page.goto(lab.lab_url())
+    page.locator(".jp-DirListing-item").first.wait_for(timeout=timeout_ms)
+
+
+def open_notebook(page, name, timeout_ms=60_000):
+    """Open a notebook from the file browser (a double click, as a person would) in the JupyterLab of the tab,
+    and wait until its kernel is connected and idle."""
     # The status indicator says "idle" before the kernel exists; it is true only once the kernel's
     # websocket has opened (initializing -> connecting -> idle). Run All before that does nothing.
+    label = page.locator(".jp-DirListing-itemText", has_text=re.compile("^" + re.escape(name) + "$"))
     with page.expect_websocket(lambda ws: "/api/kernels/" in ws.url, timeout=timeout_ms):
-        page.goto(lab.notebook_url(name))
+        page.locator(".jp-DirListing-item", has=label).dblclick()
     idle = page.locator(f"{NOTEBOOK} .jp-Notebook-ExecutionIndicator[data-status='idle']")
     idle.wait_for(timeout=timeout_ms)
+
+
+def close_notebook(page):
+    """Close the tab of the notebook on screen, discarding its changes (its cells ran, so JupyterLab asks): the
+    next notebook opened is then the only one in the page."""
+    current = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")
+    current.locator(".lm-TabBar-tabCloseIcon").click()
+    page.locator(".jp-Dialog button", has_text=re.compile("^Discard$")).click()
+    page.locator(NOTEBOOK).wait_for(state="detached")
 
 
 def run_all_cells(page):

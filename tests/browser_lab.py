@@ -128,9 +128,9 @@ class Lab:
     def api(self, path):
         return f"{self.url}/api/{path}?token={self.token}"
 
-    def notebook_url(self, name):
-        # reset: start from an empty workspace, not reopen the notebooks of the previous page
-        return f"{self.url}/lab/tree/{name}?reset&token={self.token}"
+    def lab_url(self):
+        # reset: start from an empty workspace, not reopen the notebooks of an earlier page
+        return f"{self.url}/lab?reset&token={self.token}"
 
     def shutdown_kernels(self):
         """Shut down every running kernel (DELETE /api/kernels/<id>), as Kernel > Shut Down does."""
@@ -193,14 +193,31 @@ def launch_chromium(playwright, executable, user_data_dir):
         args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
 
 
-def open_notebook(page, lab, name, timeout_ms=60_000):
-    """Open a notebook and wait until its kernel is connected and idle."""
+def open_lab(page, lab, timeout_ms=60_000):
+    """Load JupyterLab in the tab, from an empty workspace, and wait for its file browser."""
+    page.goto(lab.lab_url())
+    page.locator(".jp-DirListing-item").first.wait_for(timeout=timeout_ms)
+
+
+def open_notebook(page, name, timeout_ms=60_000):
+    """Open a notebook from the file browser (a double click, as a person would) in the JupyterLab of the tab,
+    and wait until its kernel is connected and idle."""
     # The status indicator says "idle" before the kernel exists; it is true only once the kernel's
     # websocket has opened (initializing -> connecting -> idle). Run All before that does nothing.
+    label = page.locator(".jp-DirListing-itemText", has_text=re.compile("^" + re.escape(name) + "$"))
     with page.expect_websocket(lambda ws: "/api/kernels/" in ws.url, timeout=timeout_ms):
-        page.goto(lab.notebook_url(name))
+        page.locator(".jp-DirListing-item", has=label).dblclick()
     idle = page.locator(f"{NOTEBOOK} .jp-Notebook-ExecutionIndicator[data-status='idle']")
     idle.wait_for(timeout=timeout_ms)
+
+
+def close_notebook(page):
+    """Close the tab of the notebook on screen, discarding its changes (its cells ran, so JupyterLab asks): the
+    next notebook opened is then the only one in the page."""
+    current = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")
+    current.locator(".lm-TabBar-tabCloseIcon").click()
+    page.locator(".jp-Dialog button", has_text=re.compile("^Discard$")).click()
+    page.locator(NOTEBOOK).wait_for(state="detached")
 
 
 def run_all_cells(page):
@@ -209,27 +226,38 @@ def run_all_cells(page):
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
 
+# Run in the page: Python asking through Playwright's driver costs a round trip per locator (Python, its node
+# driver, Chromium), twice a second while the cells run; an evaluation in the page costs the page alone.
+PROMPTS_JS = """notebook => [...document.querySelectorAll(notebook + " .jp-CodeCell .jp-InputPrompt")]
+    .map(prompt => prompt.innerText.trim())"""
+ERRORS_JS = """notebook => [...document.querySelectorAll(notebook +
+        " .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
+    .map(output => output.innerText)
+    .filter(text => text.includes("Traceback") || /^\\w*(Error|Exception)\\b/m.test(text))"""
+# Finished: the last code cell has a count, or a cell failed and nothing is queued any more.
+FINISHED_JS = f"""([notebook, busy]) => {{
+    const prompts = ({PROMPTS_JS})(notebook);
+    return prompts.length > 0 && !prompts.includes(busy)
+        && (/^\\[\\d+\\]:$/.test(prompts[prompts.length - 1]) || ({ERRORS_JS})(notebook).length > 0);
+}}"""
+
+
 def prompts(page):
     """Every code cell's input prompt text in order, e.g. ['[1]:', '[*]:', '[ ]:']."""
-    return page.locator(f"{NOTEBOOK} .jp-CodeCell .jp-InputPrompt").all_inner_texts()
+    return page.evaluate(PROMPTS_JS, NOTEBOOK)
 
 
 def wait_until_run(page, timeout_s):
-    """Wait until the run has finished: the last code cell has a count, or a cell failed and nothing
-    is queued any more. Returns the prompts."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        texts = [t.strip() for t in prompts(page)]
-        if texts and BUSY_PROMPT not in texts and (re.fullmatch(r"\[\d+\]:", texts[-1])
-                                                    or error_texts(page)):
-            return texts
-        page.wait_for_timeout(500)
-    raise TimeoutError(f"cells still running after {timeout_s:.0f} s: {prompts(page)}")
+    """Wait until the run has finished (FINISHED_JS, checked twice a second). Returns the prompts."""
+    # here: tests/test_browser.py imports this module before it skips where playwright is missing
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+    try:
+        page.wait_for_function(FINISHED_JS, arg=[NOTEBOOK, BUSY_PROMPT], polling=500, timeout=timeout_s * 1000)
+    except PlaywrightTimeoutError:
+        raise TimeoutError(f"cells still running after {timeout_s:.0f} s: {prompts(page)}") from None
+    return prompts(page)
 
 
 def error_texts(page):
     """Text of every output that is an error (a traceback or `SomethingError: ...` on stderr)."""
-    stderr = page.locator(
-        f"{NOTEBOOK} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    return [t for t in stderr.all_inner_texts()
-            if "Traceback" in t or re.search(r"^\w*(Error|Exception)\b", t, re.M)]
+    return page.evaluate(ERRORS_JS, NOTEBOOK)

@@ -11,8 +11,6 @@ import pathlib
 
 import pytest
 
-from helpers.launcher.device_guard import ENV
-
 
 def _chapter(item):
     path = pathlib.Path(str(item.fspath))
@@ -22,9 +20,16 @@ def _chapter(item):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if _chapter(item) is not None:
-        os.environ[ENV] = "pretend"
+        os.environ[_env()] = "pretend"
 
 
 def pytest_runtest_teardown(item):
     if _chapter(item) is not None:
-        os.environ.pop(ENV, None)
+        os.environ.pop(_env(), None)
+
+
+def _env():
+    # Imported when a chapter runs, not when the plugin loads: helpers imports torch (3 s of CPU), and make test's
+    # xdist controller, which loads this plugin too, runs no test.
+    from helpers.launcher.device_guard import ENV
+    return ENV

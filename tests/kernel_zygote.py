@@ -25,6 +25,10 @@ import sys
 
 # As ipykernel sets it in a kernel whose environment lacks it, before matplotlib is imported here.
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+# nbformat (preloaded) imports jsonschema, which imports rfc3987_syntax where it is installed (jupyter_events asks
+# for it) and builds an Earley parser for IRIs at import: 2.2 s of CPU, for a format nbformat never checks (it
+# validates without a format checker). Without it, jsonschema leaves "iri" unchecked; the kernels check no schema.
+sys.modules.setdefault("rfc3987_syntax", None)
 
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers", "helpers.launcher.worker",
            "helpers.launcher.kernel", "cloudpickle", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib.pyplot",

@@ -16,10 +16,12 @@ import pytest
 from tests.browser_lab import (
     NOTEBOOK,
     Lab,
+    close_notebook,
     copy_clean,
     error_texts,
     feedback_notebook,
     launch_chromium,
+    open_lab,
     open_notebook,
     run_all_cells,
     wait_until_run,
@@ -73,24 +75,38 @@ def browser(lab, tmp_path_factory):
             context.close()
 
 
-@pytest.fixture
-def page(browser, lab, request):
-    """A fresh tab; a screenshot of it when the test failed; its kernels shut down afterwards."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    failed_before = request.session.testsfailed
+@pytest.fixture(scope="module")
+def app(browser, lab):
+    """One tab with JupyterLab loaded once for the module: a load costs ~5 CPU-s (Chromium compiling its
+    scripts, the server sending them), so each test opens its notebook in it from the file browser."""
     tab = browser.new_page()
     try:
+        open_lab(tab, lab)
         yield tab
     finally:
-        if request.session.testsfailed > failed_before:
-            tab.screenshot(path=ARTIFACTS / f"{request.node.name}_failed.png")
         tab.close()
+
+
+@pytest.fixture
+def page(app, lab, request):
+    """The JupyterLab tab; a screenshot of it when the test failed; afterwards the test's notebook is closed
+    (JupyterLab is loaded afresh after a failure) and its kernels shut down."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    failed_before = request.session.testsfailed
+    try:
+        yield app
+    finally:
+        if request.session.testsfailed > failed_before:
+            app.screenshot(path=ARTIFACTS / f"{request.node.name}_failed.png")
+            open_lab(app, lab)  # whatever state the page was left in (a dialog, a cell running), not the next test's
+        else:
+            close_notebook(app)
         lab.shutdown_kernels()  # one notebook's ranks at a time on 2 cores
 
 
-def run_notebook(page, lab, name):
+def run_notebook(page, name):
     """Open a notebook, Run All Cells, wait for the end; assert no cell failed and every cell ran."""
-    open_notebook(page, lab, name)
+    open_notebook(page, name)
     run_all_cells(page)
     done = wait_until_run(page, RUN_TIMEOUT_S)
     assert error_texts(page) == [], f"{name}: a cell failed"
@@ -104,8 +120,8 @@ def code_cell(page, starting_with):
     return page.locator(f"{NOTEBOOK} .jp-CodeCell").filter(has=editor)
 
 
-def test_chapter_00_ranks_cell(page, lab):
-    run_notebook(page, lab, CHAPTER_00.name)
+def test_chapter_00_ranks_cell(page):
+    run_notebook(page, CHAPTER_00.name)
     cell = code_cell(page, "%%ranks")
     expect(cell).to_have_count(1)
     # The parameters cell sets WORLD_SIZE; the %%ranks cell prints one hello per rank, prefixed.
@@ -124,8 +140,8 @@ def total_gb(label_text):
     return float(re.search(r": ([\d.]+) GB per device", label_text).group(1))
 
 
-def test_memory_calculator_widget(page, lab):
-    run_notebook(page, lab, APPENDIX.name)
+def test_memory_calculator_widget(page):
+    run_notebook(page, APPENDIX.name)
     cell = code_cell(page, "from helpers.widgets import MemoryCalculator")
     widget = cell.locator(".jp-OutputArea .widget-vbox").first
     expect(widget).to_be_visible()
@@ -158,8 +174,8 @@ def output_of(page, starting_with):
     return cell, cell.locator(".jp-OutputArea").inner_text()
 
 
-def test_lab_feedback_right_wrong_and_deadlock(page, lab):
-    run_notebook(page, lab, FEEDBACK)
+def test_lab_feedback_right_wrong_and_deadlock(page):
+    run_notebook(page, FEEDBACK)
     cell, right = output_of(page, "# right")
     assert "3.1: 6/6 public checks passed." in right and "[FAIL]" not in right, right
     assert "CheckResult(" not in right, f"the result's repr follows the summary:\n{right}"

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from chapters.capstone import zero
 from chapters.capstone.zero import ShardedOptimizer
@@ -80,6 +79,10 @@ def flat(model):
 
 def sharded_against_unsharded(name, sync):
     """(ours, unsharded, ZeroRedundancyOptimizer) parameters after STEPS steps, and who holds which state."""
+    # Imported in the ranks only: torch.distributed.optim scripts its functional optimizers at import, 2 CPU-s that
+    # every pytest worker paid when this module was collected.
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     groups, cls, kwargs = OPTIMIZERS[name]
     runs = {}
     for label, build in [("ours", lambda m: ShardedOptimizer(groups(m), cls, **kwargs)),
@@ -103,10 +106,14 @@ def sharded_against_unsharded(name, sync):
 
 @pytest.fixture(scope="module")
 def runs():
-    """runs[(optimizer, stage)][rank]: one launch of 3 ranks for everything."""
+    """runs[(optimizer, stage)][rank], and runs[name][rank] for the rank functions further down (add_group_later,
+    sends_per_step, resumed_from_a_shard): one launch of 3 ranks for everything (a launch costs ~2.5 CPU-s)."""
     def all_runs():
-        return {(name, stage): sharded_against_unsharded(name, sync)
-                for name in OPTIMIZERS for stage, sync in [("zero1", zero1), ("zero2", zero2)]}
+        out = {(name, stage): sharded_against_unsharded(name, sync)
+               for name in OPTIMIZERS for stage, sync in [("zero1", zero1), ("zero2", zero2)]}
+        for fn in (add_group_later, sends_per_step, resumed_from_a_shard):
+            out[fn.__name__] = fn()
+        return out
     by_rank = launch(all_runs, WORLD_SIZE, backend="gloo", hang_timeout=60)
     return {key: [ranks[key] for ranks in by_rank] for key in by_rank[0]}
 
@@ -179,9 +186,9 @@ def add_group_later():
     return out
 
 
-@pytest.mark.timeout(120)
-def test_add_param_group_after_construction():
-    ranks = launch(add_group_later, WORLD_SIZE, backend="gloo", hang_timeout=60)
+@pytest.mark.timeout(180)  # the module's launch may run in this test's setup
+def test_add_param_group_after_construction(runs):
+    ranks = runs["add_group_later"]
     for rank, run in enumerate(ranks):
         assert torch.equal(run["ours"], ranks[0]["ours"]), f"rank {rank}'s parameters differ from rank 0's"
         error = (run["ours"] - run["unsharded"]).abs().max().item()
@@ -203,9 +210,9 @@ def sends_per_step():
     return out
 
 
-@pytest.mark.timeout(120)
-def test_zero2_sends_ddps_bytes_and_zero1_half_more():
-    sent = launch(sends_per_step, WORLD_SIZE, backend="gloo", hang_timeout=60)[0]
+@pytest.mark.timeout(180)  # the module's launch may run in this test's setup
+def test_zero2_sends_ddps_bytes_and_zero1_half_more(runs):
+    sent = runs["sends_per_step"][0]
     psi_bytes = 4 * sum(p.numel() for p in make_model().parameters())
     ddp = 2 * (WORLD_SIZE - 1) / WORLD_SIZE * psi_bytes          # a ring all-reduce of every gradient
     assert abs(sent["zero2"] - ddp) <= 12, f"ZeRO-2 sent {sent['zero2']} B per step, DDP's all-reduce {ddp:.0f} B"
@@ -248,8 +255,8 @@ def resumed_from_a_shard():
     return linked, (flat(resumed) - flat(model)).abs().max().item()
 
 
-@pytest.mark.timeout(120)
-def test_a_shard_saved_and_loaded_resumes_exactly():
-    for rank, (linked, diff) in enumerate(launch(resumed_from_a_shard, WORLD_SIZE, backend="gloo", hang_timeout=30)):
+@pytest.mark.timeout(180)  # the module's launch may run in this test's setup
+def test_a_shard_saved_and_loaded_resumes_exactly(runs):
+    for rank, (linked, diff) in enumerate(runs["resumed_from_a_shard"]):
         assert linked, f"rank {rank}: after load_state_dict, state is not the local optimizer's"
         assert diff == 0.0, f"rank {rank}: resumed run differs by {diff:.2e} from the uninterrupted one"

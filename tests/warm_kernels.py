@@ -28,6 +28,12 @@ from importlib.metadata import EntryPoint
 from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
+# Loaded with -p, this module is imported before nbval, which imports nbformat, which imports jsonschema, which
+# imports rfc3987_syntax where it is installed (jupyter_events asks for it): that builds an Earley parser for IRIs,
+# 2.2 s of CPU in each pytest process (make test has three), for a format no schema here uses (nbformat validates
+# without a format checker). Without it, jsonschema leaves "iri" unchecked. The zygote does the same.
+sys.modules.setdefault("rfc3987_syntax", None)
+
 WARM_KERNEL = "python3-warm"
 PROVISIONER = "dp-course-zygote"
 ZYGOTE = pathlib.Path(__file__).with_name("kernel_zygote.py")

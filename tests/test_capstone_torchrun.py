@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = ROOT / "chapters" / "capstone" / "train_gpt.py"
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
-TINY = ["--steps", "20", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+TINY = ["--steps", "10", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--batch-size", "4", "--lr", "1e-2", "--log-every", "10"]
 STRATEGIES = ("manual_ddp", "manual_fsdp", "ddp", "fsdp2")
 LINE = re.compile(r"^rank (\d): (\w+) loss ([\d.]+) -> ([\d.]+) parameters sha256 ([0-9a-f]{16})$", re.M)

@@ -1,9 +1,9 @@
 r"""Training that survives a crash: a checkpoint after every step, and a restart resumes from the newest one.
 
-From the repository's root; rank 1 dies in the middle of step 6 of the first attempt, torchrun restarts both:
+From the repository's root; rank 1 dies in the middle of step 2 of the first attempt, torchrun restarts both:
 
     torchrun --standalone --nproc-per-node=2 --max-restarts=2 chapters/ops/resumable.py \
-        --steps 10 --crash-rank 1 --crash-at 6 --ckpt artifacts/ops/ckpt --out artifacts/ops/resumed.pt
+        --steps 4 --crash-rank 1 --crash-at 2 --ckpt artifacts/ops/ckpt --out artifacts/ops/resumed.pt
 
 What a resume needs, and where it lives in the checkpoint (torch.distributed.checkpoint, DCP):
     model      "model"          parameters and buffers (get_state_dict: the same keys with or without DDP)

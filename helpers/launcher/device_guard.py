@@ -52,6 +52,7 @@ FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "
 _mode = ""
 # Tensor properties reach a TorchFunctionMode as method-wrappers, new objects each time: compare with ==.
 _DATA_SET, _GRAD_GET, _GRAD_SET = torch.Tensor.data.__set__, torch.Tensor.grad.__get__, torch.Tensor.grad.__set__
+_MOVES = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda)
 
 
 class DeviceGuardError(RuntimeError):
@@ -83,8 +84,32 @@ def _mark(tensors, host):
             setattr(t, _HOST, host)
 
 
+# Leaves that hold no tensor: skipped without asking pytree.
+_NO_TENSOR = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size, torch.layout,
+              torch.memory_format)
+
+
 def _flat(x):
-    return [t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+    """The tensors in x (any pytree), as pytree's tree_leaves finds them."""
+    out = []
+    _collect(x, out)
+    return out
+
+
+def _collect(x, out):
+    # Placement flattens every op's arguments and results: pytree's generic walk was 40% of a guarded training
+    # step (a DDP MLP step, 6.3 ms against 1.9 unguarded). Plain tuples, lists and dicts are walked here; any
+    # other container (named tuples, torch.return_types, registered classes) still goes through pytree.
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif type(x) is tuple or type(x) is list:
+        for item in x:
+            _collect(item, out)
+    elif type(x) is dict:
+        for item in x.values():
+            _collect(item, out)
+    elif not isinstance(x, _NO_TENSOR):
+        out.extend(t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
 
 
 class Placement(TorchFunctionMode):
@@ -92,19 +117,19 @@ class Placement(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if func in (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda):
+        if func in _MOVES:
             return self._move(func, args, kwargs)
         out = func(*args, **kwargs)
         if func == _DATA_SET or func == _GRAD_SET:
             _mark([args[0]], is_host(args[1]))
         elif func == _GRAD_GET and out is not None:
             _mark([out], is_host(args[0]))
-        elif name in FACTORIES:
-            self._made(name, args, kwargs, out)
+        elif getattr(func, "__name__", "") in FACTORIES:
+            self._made(func.__name__, args, kwargs, out)
         else:
             inputs = _flat((args, kwargs))
-            fresh = [t for t in _flat(out) if all(t is not i for i in inputs)]  # in-place results keep theirs
+            ids = {id(t) for t in inputs}
+            fresh = [t for t in _flat(out) if id(t) not in ids]  # in-place results keep theirs
             _mark(fresh, bool(inputs) and all(is_host(t) for t in inputs))
         return out
 

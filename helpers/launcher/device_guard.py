@@ -102,12 +102,12 @@ def _collect(x, out):
     # other container (named tuples, torch.return_types, registered classes) still goes through pytree.
     if isinstance(x, torch.Tensor):
         out.append(x)
-    elif type(x) is tuple or type(x) is list:
-        for item in x:
-            _collect(item, out)
-    elif type(x) is dict:
-        for item in x.values():
-            _collect(item, out)
+    elif type(x) is tuple or type(x) is list or type(x) is dict:
+        for item in x.values() if type(x) is dict else x:
+            if isinstance(item, torch.Tensor):  # the common leaf, without a call
+                out.append(item)
+            elif not isinstance(item, _NO_TENSOR):
+                _collect(item, out)
     elif not isinstance(x, _NO_TENSOR):
         out.extend(t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
 

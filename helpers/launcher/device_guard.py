@@ -52,6 +52,7 @@ FACTORIES = {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "
 _mode = ""
 # Tensor properties reach a TorchFunctionMode as method-wrappers, new objects each time: compare with ==.
 _DATA_SET, _GRAD_GET, _GRAD_SET = torch.Tensor.data.__set__, torch.Tensor.grad.__get__, torch.Tensor.grad.__set__
+_MOVES = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda)
 
 
 class DeviceGuardError(RuntimeError):
@@ -83,33 +84,32 @@ def _mark(tensors, host):
             setattr(t, _HOST, host)
 
 
-# Leaves that hold no tensor, and the tensor types that are leaves: _flat sorts them without torch's pytree.
-_ATOMS = frozenset({int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout,
-                    torch.memory_format})
-_TENSORS = frozenset({torch.Tensor, nn.Parameter})
+# Leaves that hold no tensor: skipped without asking pytree.
+_NO_TENSOR = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size, torch.layout,
+              torch.memory_format)
 
 
 def _flat(x):
-    """The tensors among the leaves of x, as torch.utils._pytree.tree_leaves finds them."""
-    found = []
-    _collect((x,), found)
-    return found
+    """The tensors in x (any pytree), as pytree's tree_leaves finds them."""
+    out = []
+    _collect(x, out)
+    return out
 
 
-def _collect(items, found):
-    # Placement flattens every op's inputs and outputs, so the plain containers (whose pytree flattening is
-    # iteration), plain tensors and atoms are sorted here, anything else by pytree: chapter 05's learning-rate
-    # runs took 2.7x their CPU time under the guard with tree_leaves for everything, 1.7x with this (measured).
-    for x in items:
-        kind = type(x)
-        if kind in _TENSORS:
-            found.append(x)
-        elif kind is tuple or kind is list:
-            _collect(x, found)
-        elif kind is dict:
-            _collect(x.values(), found)
-        elif kind not in _ATOMS:
-            found.extend(t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
+def _collect(x, out):
+    # Placement flattens every op's arguments and results: pytree's generic walk was 40% of a guarded training
+    # step (a DDP MLP step, 6.3 ms against 1.9 unguarded). Plain tuples, lists and dicts are walked here; any
+    # other container (named tuples, torch.return_types, registered classes) still goes through pytree.
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif type(x) is tuple or type(x) is list or type(x) is dict:
+        for item in x.values() if type(x) is dict else x:
+            if isinstance(item, torch.Tensor):  # the common leaf, without a call
+                out.append(item)
+            elif not isinstance(item, _NO_TENSOR):
+                _collect(item, out)
+    elif not isinstance(x, _NO_TENSOR):
+        out.extend(t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
 
 
 class Placement(TorchFunctionMode):
@@ -117,23 +117,20 @@ class Placement(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda):
+        if func in _MOVES:
             return self._move(func, args, kwargs)
         out = func(*args, **kwargs)
-        name = getattr(func, "__name__", "")
         if func == _DATA_SET or func == _GRAD_SET:
             _mark([args[0]], is_host(args[1]))
         elif func == _GRAD_GET and out is not None:
             _mark([out], is_host(args[0]))
-        elif name in FACTORIES:
-            self._made(name, args, kwargs, out)
+        elif getattr(func, "__name__", "") in FACTORIES:
+            self._made(func.__name__, args, kwargs, out)
         else:
-            inputs = []
-            _collect((args, kwargs), inputs)
-            given = {id(t) for t in inputs}
-            fresh = [t for t in _flat(out) if id(t) not in given]  # in-place results keep theirs
-            if fresh:
-                _mark(fresh, bool(inputs) and all(is_host(t) for t in inputs))
+            inputs = _flat((args, kwargs))
+            ids = {id(t) for t in inputs}
+            fresh = [t for t in _flat(out) if id(t) not in ids]  # in-place results keep theirs
+            _mark(fresh, bool(inputs) and all(is_host(t) for t in inputs))
         return out
 
     @staticmethod

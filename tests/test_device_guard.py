@@ -173,11 +173,11 @@ PLANTED_CELLS = {
 
 
 @pytest.mark.timeout(300)
-def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path):
+def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path, monkeypatch, capsys):
     # make test loads tests/device_guard_plugin.py: a chapter's cells run with the guard pretending.
-    import subprocess
-    import sys
-
+    # The same pytest command runs here in-process (pytest.main), not as a subprocess: its kernels are forks of
+    # this worker's zygote (tests/warm_kernels.py) instead of a second zygote importing torch again
+    # (measured: 18-27 -> ~5 CPU-s).
     import nbformat
 
     from helpers.grading.labgen import ROOT
@@ -190,12 +190,15 @@ def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path
         cells = [imports, cell, "print(launch(made_on_the_cpu, 2))"]
         nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]),
                        chapters / f"{name}.ipynb")
-    env = {k: v for k, v in os.environ.items() if k != device_guard.ENV}
-    # make test's kernels (tests/warm_kernels.py): forks of a process that imported torch once
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.device_guard_plugin", "-p", "no:cacheprovider",
-                           "-p", "tests.warm_kernels", "--nbval-lax", "--nbval-kernel-name", "python3-warm", "-q",
-                           "--color=no", str(chapters)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
-    assert "1 failed, 5 passed" in done.stdout, done.stdout[-3000:]
+    monkeypatch.delenv(device_guard.ENV, raising=False)
+    monkeypatch.setenv("JUPYTER_PATH", os.environ.get("JUPYTER_PATH", ""))  # the inner run prepends its kernelspec
+    monkeypatch.chdir(ROOT)
+    # This test's timeout (the signal alarm) bounds the inner run: no:timeout keeps the inner items from resetting
+    # it; a cell that hangs is cut by nbval's cell timeout. no:xdist: the inner run is one process, as before.
+    pytest.main(["-p", "tests.device_guard_plugin", "-p", "no:cacheprovider", "-p", "no:timeout", "-p", "no:xdist",
+                 "-p", "tests.warm_kernels", "--nbval-lax", "--nbval-kernel-name", "python3-warm",
+                 "--nbval-cell-timeout", "120", "-q", "--color=no", str(chapters)])
+    stdout = capsys.readouterr().out
+    assert "1 failed, 5 passed" in stdout, stdout[-3000:]
     # pytest ends the FAILED line with " - <reason>" when the terminal is wide enough for it.
-    assert re.search(r"98_planted\.ipynb::Cell 2\b", done.stdout) and "DeviceGuardError" in done.stdout, (
-        done.stdout[-3000:])
+    assert re.search(r"98_planted\.ipynb::Cell 2\b", stdout) and "DeviceGuardError" in stdout, stdout[-3000:]

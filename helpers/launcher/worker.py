@@ -8,6 +8,7 @@ Protocol on the duplex connection to the kernel (tuples, first item the kind):
 """
 import contextlib
 import datetime
+import gc
 import json
 import os
 import signal
@@ -206,6 +207,9 @@ def error_info(exc):
 
 def main(rank, world_size, spec, conn):
     """Entry point of a rank: set up, run the shipped function, report, wait to be released."""
+    # What the forkserver held stays out of this process's collections: a collection walking it writes to pages
+    # the fork shares (copy-on-write faults). Measured: a rank's CPU until its function returns 35 -> 32 ms.
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts and tears us down
     torch.set_num_threads(spec["threads"])  # several ranks share few cores
     channel = Channel(conn)

@@ -83,10 +83,12 @@ def _mark(tensors, host):
             setattr(t, _HOST, host)
 
 
-# Leaves that hold no tensor, and the tensor types that are leaves: _flat sorts them without torch's pytree.
+# Leaves that hold no tensor, and the tensor types that are leaves: _flat sorts them without torch's pytree,
+# which it asks only about the containers it flattens (torch.utils._pytree: a leaf is any type not registered).
 _ATOMS = frozenset({int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout,
-                    torch.memory_format})
+                    torch.memory_format, torch.Size, slice, type(Ellipsis)})
 _TENSORS = frozenset({torch.Tensor, nn.Parameter})
+_MOVES = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda)
 
 
 def _flat(x):
@@ -97,9 +99,9 @@ def _flat(x):
 
 
 def _collect(items, found):
-    # Placement flattens every op's inputs and outputs, so the plain containers (whose pytree flattening is
-    # iteration), plain tensors and atoms are sorted here, anything else by pytree: chapter 05's learning-rate
-    # runs took 2.7x their CPU time under the guard with tree_leaves for everything, 1.7x with this (measured).
+    # Placement flattens every op's inputs and outputs, so plain containers (whose pytree flattening is
+    # iteration), tensors and atoms are sorted here, and pytree sees only the other containers: chapter 05's
+    # learning-rate runs took 2.7x their CPU time under the guard with tree_leaves for everything, 1.7x with this.
     for x in items:
         kind = type(x)
         if kind in _TENSORS:
@@ -108,8 +110,12 @@ def _collect(items, found):
             _collect(x, found)
         elif kind is dict:
             _collect(x.values(), found)
-        elif kind not in _ATOMS:
+        elif kind in _ATOMS:
+            continue
+        elif kind in torch.utils._pytree.SUPPORTED_NODES or isinstance(x, tuple):  # namedtuples, return_types
             found.extend(t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
+        elif isinstance(x, torch.Tensor):   # a tensor subclass (DTensor); other leaves hold no tensor
+            found.append(x)
 
 
 class Placement(TorchFunctionMode):
@@ -117,7 +123,7 @@ class Placement(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda):
+        if func in _MOVES:
             return self._move(func, args, kwargs)
         out = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
@@ -129,11 +135,18 @@ class Placement(TorchFunctionMode):
             self._made(name, args, kwargs, out)
         else:
             inputs = []
-            _collect((args, kwargs), inputs)
+            _collect(args, inputs)
+            if kwargs:
+                _collect(kwargs.values(), inputs)
+            host = bool(inputs)
+            for t in inputs:
+                if not getattr(t, _HOST, False):
+                    host = False
+                    break
             given = {id(t) for t in inputs}
-            fresh = [t for t in _flat(out) if id(t) not in given]  # in-place results keep theirs
-            if fresh:
-                _mark(fresh, bool(inputs) and all(is_host(t) for t in inputs))
+            for t in [out] if type(out) in _TENSORS else _flat(out):
+                if id(t) not in given:  # in-place results keep theirs
+                    setattr(t, _HOST, host)
         return out
 
     @staticmethod
@@ -244,7 +257,9 @@ class Guard:
         from helpers.comm import CommLedger
 
         _mode = self.mode
-        self.ledger = CommLedger(check=check_collective).__enter__()
+        # Checks only: a ledger that kept every collective's record would grow for the whole rank function,
+        # and stamp each one's end from a callback on the backend's thread (2x a Gloo all-reduce's CPU, measured).
+        self.ledger = CommLedger(check=check_collective, keep_records=False).__enter__()
         if self.mode == "pretend":
             _mark(_flat(self.shipped), True)
             for m in (x for x in torch.utils._pytree.tree_leaves(self.shipped) if isinstance(x, nn.Module)):

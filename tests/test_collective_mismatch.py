@@ -225,8 +225,9 @@ print(launch(rank, 2))
 def run_script(tmp_path, source):
     script = tmp_path / "train.py"
     script.write_text(source)
+    # No torch._dynamo in the script's forkserver: no rank here needs it, and it costs 3 CPU-s per script.
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()}, cwd=tmp_path)
+                          env={**os.environ, "PYTHONPATH": os.getcwd(), "DP_COURSE_PRELOAD_DYNAMO": "0"}, cwd=tmp_path)
 
 
 def test_missing_main_guard_says_what_to_add(tmp_path):

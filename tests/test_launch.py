@@ -14,6 +14,9 @@ from helpers import CollectiveHang, LaunchError, RankFailed, launch
 from tests.processes import forkserver_children, open_fds
 
 pytestmark = pytest.mark.timeout(60)
+# For the scripts these tests start: their forkserver preloads no torch._dynamo, which no rank here uses (3 CPU-s
+# less per script; helpers.launch.preload_modules).
+NO_DYNAMO = {**os.environ, "DP_COURSE_PRELOAD_DYNAMO": "0"}
 
 
 def rank_and_sum(offset):
@@ -261,9 +264,12 @@ def _alive(pid):
         return False
 
 
+# The two scripts below stand for kernels: like the class grader's (helpers.launcher.kernel), they fork their
+# forkserver at start instead of starting a second interpreter that imports torch again.
 INTERRUPTED_KERNEL = """
 import os, pathlib, signal, sys, threading, time
 from helpers import launch
+from helpers.launch import start_forkserver_by_fork
 
 def write_pid_and_hang(directory):
     import torch.distributed as dist
@@ -293,6 +299,7 @@ if __name__ == "__main__":
     # pytest-xdist worker that starts us was seen with it ignored at the OS level (SigIgn) while Python reported
     # its default handler; so install the kernel's behaviour explicitly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert start_forkserver_by_fork(), "the forkserver could not be forked"  # before any thread starts
     directory = pathlib.Path(sys.argv[1])
     threading.Thread(target=interrupt_when_started, args=(directory,), daemon=True).start()
     try:
@@ -313,18 +320,19 @@ def test_interrupt_tears_down_workers(tmp_path):
     script = tmp_path / "interrupted_kernel.py"
     script.write_text(INTERRUPTED_KERNEL)
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
-                          timeout=90)
+                          timeout=90, env=NO_DYNAMO)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "KeyboardInterrupt; ranks alive 2 s later: []" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "next launch: [7, 7]" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
-@pytest.mark.timeout(200)  # ~4 s on a quiet machine; generous for a loaded CI host
-def test_thirty_launches_leave_nothing_behind():
+@pytest.mark.timeout(200)  # ~2 s on a quiet machine; generous for a loaded CI host
+def test_ten_launches_leave_nothing_behind():
     launch(rank_and_sum, 2, args=(0,))
     fds_before = open_fds()
-    # 30, not 100: a leak of one descriptor or child per launch shows as 30 just as surely, at a third of the time.
-    for _ in range(30):
+    # 10, not 100 (or 30, before): a leak of one descriptor or child per launch shows after 10 just as surely, and
+    # each launch costs ~0.3 CPU-s on the 2-core CI machine.
+    for _ in range(10):
         assert launch(rank_and_sum, 2, args=(0,))[1] == (1, 2, 1.0)
     time.sleep(0.2)  # the forkserver reaps its children asynchronously
     assert forkserver_children() == []
@@ -381,6 +389,9 @@ KERNEL_SCRIPT = """
 import sys, time, os
 import torch.distributed as dist
 from helpers import launch
+from helpers.launch import start_forkserver_by_fork
+
+assert start_forkserver_by_fork(), "the forkserver could not be forked"
 
 def hang(directory):
     with open(os.path.join(directory, f"{dist.get_rank()}.pid"), "w") as f:
@@ -397,7 +408,7 @@ def test_workers_exit_when_the_kernel_dies(tmp_path):
     import subprocess
     import sys
 
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_SCRIPT, str(tmp_path)])
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_SCRIPT, str(tmp_path)], env=NO_DYNAMO)
     # Waits for the ranks to start, not a bound under test: a loaded CI machine took over 30 s to import torch
     # in the kernel and start the forkserver.
     deadline = time.monotonic() + 120
@@ -439,7 +450,7 @@ def test_long_tmpdir_does_not_break_the_forkserver_socket(tmp_path):
             "len(multiprocessing.util.get_temp_dir()) <= 70)\n")
     script = tmp_path / "long_tmpdir.py"
     script.write_text(code)
-    done = subprocess.run([sys.executable, str(script)], env={**os.environ, "TMPDIR": str(long_dir)},
+    done = subprocess.run([sys.executable, str(script)], env={**NO_DYNAMO, "TMPDIR": str(long_dir)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["[0,", "1]", "True", "True"], done.stdout

@@ -1,4 +1,5 @@
-"""The mistake catalogue (tests/mistakes/labNN.py) through check(): the first line names the mistake and its fix.
+"""The mistake catalogue (tests/mistakes/labNN.py) through check(): the first line names the mistake and its fix,
+and the report holds the details the catalogue asks for.
 
 A mistake whose ranks' run fails (a hang, a crash) must print the launcher's report once, not once per check.
 """
@@ -29,6 +30,9 @@ def test_first_line_names_the_mistake_and_the_fix(lab, mistake, capsys):
     missing = [fragment for fragment in mistake.first_line if fragment not in first]
     assert not missing, (f"{mistake.question} {mistake.name}: the first line lacks {missing}.\n"
                          f"First line: {first}\nThe whole report:\n{printed}")
+    report = "\n".join(result.lines)
+    for fragment in mistake.mentions:
+        assert fragment in report, f"{mistake.question} {mistake.name}: expected {fragment!r} in the report:\n{report}"
     if mistake.run_fails:
-        reports = "\n".join(result.lines).count("Launcher's report")
+        reports = report.count("Launcher's report")
         assert reports == 1, f"the run's report is printed {reports} times, not once:\n{printed}"

@@ -1,6 +1,17 @@
 """One multi-rank run shared by every public check of a question, so a question launches its ranks once."""
 
 
+def part_or_error(part, *args):
+    """part(*args) on a rank, or {"error": ...} if the answer raised, so one shared run serves several checks and each
+    check says what its own part needs. NotImplementedError passes through: check() reports it as "not implemented"."""
+    try:
+        return part(*args)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the answer may raise anything; the same on every rank
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 class RunFailed(AssertionError):
     """The ranks' run of a check did not complete (a hang, a deadlock, a dead rank): the launcher's report.
 

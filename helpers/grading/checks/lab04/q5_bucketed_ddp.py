@@ -24,7 +24,7 @@ from helpers.grading.checks.lab04.common import (
     run_on_ranks,
 )
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import SharedRun
+from helpers.grading.shared_run import SharedRun, part_or_error
 
 WORLD_SIZE = 3
 _shared = SharedRun()  # one launch for all the checks of 4.5
@@ -116,20 +116,11 @@ def _train(BucketedDDP, rank, steps, lr):
     return results
 
 
-def _guarded(part, *args):
-    """part(*args), or {"error": ...} if the answer raised: each check then says what its own part needs."""
-    try:
-        return part(*args)
-    except NotImplementedError:
-        raise  # reported as "not implemented"
-    except Exception as exc:  # noqa: BLE001 - the answer may raise anything; the same on every rank
-        return {"error": f"{type(exc).__name__}: {exc}"}
-
 
 def _on_ranks(BucketedDDP, steps, lr):
     rank = dist.get_rank()
-    return {"shape": _guarded(_shape, BucketedDDP, rank), "refusal": _guarded(_refusal, BucketedDDP, rank),
-            "train": _guarded(_train, BucketedDDP, rank, steps, lr)}
+    return {"shape": part_or_error(_shape, BucketedDDP, rank), "refusal": part_or_error(_refusal, BucketedDDP, rank),
+            "train": part_or_error(_train, BucketedDDP, rank, steps, lr)}
 
 
 def _results(ns):

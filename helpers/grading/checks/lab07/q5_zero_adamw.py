@@ -21,6 +21,7 @@ from helpers.grading.checks.lab07.common import (
     _memoized,
 )
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import part_or_error
 from helpers.memory import state_bytes
 
 STEPS_7_5, LR_CHANGE_AT = 5, 2  # after LR_CHANGE_AT steps every group's lr is halved
@@ -91,22 +92,13 @@ def _training(ZeroAdamW, rank):
             "held": state_bytes(model, optimizer), "steps": steps}
 
 
-def _guarded(part, *args):
-    """part(*args), or {"error": ...} if the answer raised: each check then says what its own part needs."""
-    try:
-        return part(*args)
-    except NotImplementedError:
-        raise  # reported as "not implemented"
-    except Exception as exc:  # noqa: BLE001 - the answer may raise anything; the same on every rank
-        return {"error": f"{type(exc).__name__}: {exc}"}
-
 
 def _train_on_rank(ZeroAdamW):
     """Runs on every rank: the optimizer's shape on one model, then the user's loop on a fresh one; rank 0 also runs
     the reference (here, not in the kernel: torch.optim's first use imports torch._dynamo, preloaded on the ranks)."""
     rank = dist.get_rank()
     reference = {"params": _one_process(), "held": _one_process(held=True)} if rank == 0 else None
-    return {"shape": _guarded(_shape, ZeroAdamW, _model_7_5()), "train": _guarded(_training, ZeroAdamW, rank),
+    return {"shape": part_or_error(_shape, ZeroAdamW, _model_7_5()), "train": part_or_error(_training, ZeroAdamW, rank),
             "reference": reference}
 
 

@@ -436,24 +436,8 @@ def test_send_ring_hang_gets_its_own_hint():
         launch(everyone_sends_first, 2, hang_timeout=2.0)
 
 
-def test_long_tmpdir_does_not_break_the_forkserver_socket(tmp_path):
-    # AF_UNIX paths hold 107 bytes; macOS's TMPDIR or a grading sandbox's is long enough to overflow it.
-    long_dir = tmp_path / ("d" * 90)
-    long_dir.mkdir()
-    code = ("import multiprocessing.util, tempfile\n"
-            "from helpers import launch\n"
-            "def rank():\n"
-            "    import torch.distributed as dist\n"
-            "    return dist.get_rank()\n"
-            "if __name__ == '__main__':\n"
-            "    print(launch(rank, 2), len(tempfile.gettempdir()) > 100, "
-            "len(multiprocessing.util.get_temp_dir()) <= 70)\n")
-    script = tmp_path / "long_tmpdir.py"
-    script.write_text(code)
-    done = subprocess.run([sys.executable, str(script)], env={**NO_DYNAMO, "TMPDIR": str(long_dir)},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["[0,", "1]", "True", "True"], done.stdout
+# A long TMPDIR (the AF_UNIX path limit of the forkserver's socket): tests/test_collective_mismatch.py runs its
+# guarded script from one, one script run for both claims.
 
 
 def test_windows_is_told_to_use_wsl2(monkeypatch):

@@ -226,7 +226,7 @@ def _replay(kernel, notebook, stop, never_replay, deadline, result):
 def _run_from(kernel, notebook, start, never_replay, deadline, result):
     for index in range(start, len(notebook.cells)):
         cell = notebook.cells[index]
-        if cell.cell_type != "code" or _kind(cell) == "check":
+        if not _graded_code(cell):
             continue
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -243,8 +243,14 @@ def _run_from(kernel, notebook, start, never_replay, deadline, result):
             if _kind(cell) == "answer":
                 never_replay.add(index)
             _note_lost_kernel(cell, kernel.lost)
-            return index + 1 if time.monotonic() < deadline else None
+            more = any(_graded_code(c) for c in notebook.cells[index + 1:])
+            return index + 1 if more and time.monotonic() < deadline else None  # no new kernel for nothing left
     return None
+
+
+def _graded_code(cell):
+    """A cell the grader runs (check cells only print the public checks' report)."""
+    return cell.cell_type == "code" and _kind(cell) != "check"
 
 
 _LOST = {"timeout": "it ran past its time limit and ignored the interrupt, so its kernel was killed",

@@ -162,3 +162,26 @@ def test_not_implemented_on_ranks_reports_todo():
         ''')
     result = check("3.3", ns)
     assert result.not_implemented == result.total == 5, result.lines
+
+
+@pytest.mark.timeout(120)
+def test_fixing_a_helper_the_answer_calls_reruns_the_check():
+    # A student fixes a helper of theirs and reruns only that cell and the check cell: the answer's function object
+    # is the same, so a run keyed by it replayed the old failure (shared_run.definitions keys by every definition).
+    ns = solution_namespace('''
+        def _mean(flat):
+            return flat  # the sum: forgot to divide by the world size
+
+        def average_gradients(model):
+            params = [p for p in model.parameters() if p.requires_grad]
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat = _mean(flat)
+            for p, g, averaged in zip(params, grads, flat.split([g.numel() for g in grads])):
+                p.grad = averaged.view_as(g).clone()
+    ''')
+    assert check("3.3", ns).passed < 5
+    exec("def _mean(flat):\n    return flat / dist.get_world_size()\n", ns)
+    result = check("3.3", ns)
+    assert result.passed == result.total == 5, result.lines

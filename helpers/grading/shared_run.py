@@ -1,4 +1,15 @@
 """One multi-rank run shared by every public check of a question, so a question launches its ranks once."""
+import inspect
+
+
+def definitions(ns, *values):
+    """The key of a shared run: every function and class in the student's namespace (and `values`).
+
+    An answer may call any of them (a helper of the student's, the Reducer that lab 10's bring function returns), so
+    a student who fixes any one and reruns the check cell gets a fresh run, not the stale result of the old code.
+    """
+    return tuple((name, value) for name, value in ns.items()
+                 if inspect.isfunction(value) or inspect.isclass(value)) + values
 
 
 def part_or_error(part, *args):

@@ -6,7 +6,7 @@ import torch.nn as nn
 from helpers.comm import CommLedger
 from helpers.grading.checks.lab03.common import TOL, WORLD_SIZE, _launch, _max_diff, _memoized
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import RunFailed, run_failed
+from helpers.grading.shared_run import RunFailed, definitions, run_failed
 
 # --- 3.3 average_gradients ----------------------------------------------------------------------
 
@@ -62,7 +62,7 @@ def _run_3_3(fn):
 
 def _average_results(ns):
     fn = answer(ns, "average_gradients")
-    return _memoized("3.3", fn, lambda: _run_3_3(fn))
+    return _memoized("3.3", definitions(ns), lambda: _run_3_3(fn))
 
 
 def _expected_mean(results, name):

@@ -10,6 +10,7 @@ from torch.utils.data import DistributedSampler
 from helpers.comm import CommLedger
 from helpers.grading.checks.lab03.common import TOL, WORLD_SIZE, _launch, _max_diff, _memoized, _sampler_indices
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import definitions
 
 # --- 3.4 train_manual_ddp -----------------------------------------------------------------------
 
@@ -127,11 +128,9 @@ def _which_mistake(params):
 
 
 def _training_results(ns):
-    names = ("train_manual_ddp", "shard_indices", "broadcast_parameters", "average_gradients")
-    fns = tuple(ns.get(name) for name in names)
     train = answer(ns, "train_manual_ddp")
     hint = "Every rank must run the same number of steps and the same collectives in each. "
-    return _memoized("3.4", fns, lambda: _launch(_train_on_rank, train, hint=hint))
+    return _memoized("3.4", definitions(ns), lambda: _launch(_train_on_rank, train, hint=hint))
 
 
 @public_check("3.4")

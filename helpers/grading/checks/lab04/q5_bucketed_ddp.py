@@ -24,7 +24,7 @@ from helpers.grading.checks.lab04.common import (
     run_on_ranks,
 )
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import SharedRun, part_or_error
+from helpers.grading.shared_run import SharedRun, definitions, part_or_error
 
 WORLD_SIZE = 3
 _shared = SharedRun()  # one launch for all the checks of 4.5
@@ -124,11 +124,11 @@ def _on_ranks(BucketedDDP, steps, lr):
 
 
 def _results(ns):
-    """The ranks' reports, launched once per answer (the key: every definition the wrapper uses)."""
+    """The ranks' reports, launched once per answer (the key: every definition the wrapper may use)."""
     cls = answer(ns, "BucketedDDP")
     steps, lr = int(ns.get("STEPS", STEPS)), float(ns.get("LR", LR))
-    key = (cls, ns.get("Reducer"), ns.get("Bucket"), ns.get("assign_buckets"), steps, lr)
-    return _shared("4.5", key, lambda: run_on_ranks(_on_ranks, WORLD_SIZE, (cls, steps, lr), "BucketedDDP"))
+    return _shared("4.5", definitions(ns, steps, lr),
+                   lambda: run_on_ranks(_on_ranks, WORLD_SIZE, (cls, steps, lr), "BucketedDDP"))
 
 
 # ------------------------------------------------------------------------------------------------ question 4.5

@@ -21,7 +21,7 @@ def _launch(fn, *args, hint=""):
     return launch_on_gloo(fn, WORLD_SIZE, args, HANG_S, hint)
 
 
-def _shared_launch(question, fn, on_rank, hint, torch_error, unpadded):
+def _shared_launch(question, key, fn, on_rank, hint, torch_error, unpadded):
     """One memoized launch of on_rank(fn) for a question's checks; torch's size error becomes `unpadded`, which
     names the missing padding (an unpadded shard fails inside the collective, before any check can look)."""
     def run():
@@ -32,7 +32,7 @@ def _shared_launch(question, fn, on_rank, hint, torch_error, unpadded):
                 raise
             raise run_failed(exc, unpadded) from None
 
-    return _memoized(question, fn, run)
+    return _memoized(question, key, run)
 
 
 def _flat(tensors):

@@ -16,6 +16,7 @@ from helpers.grading.checks.lab07.common import (
     _shared_launch,
 )
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import definitions
 
 # --- 7.2 zero_adamw_step ------------------------------------------------------------------------
 
@@ -131,7 +132,7 @@ def _step_results(ns):
     hint = "Every rank must call exactly one dist.all_gather_single per step, with equal-sized shards. "
 
     # the shard and the state (or the gathered buffer) differ in size: the shard lacks its padding
-    return _shared_launch("7.2", fn, _step_on_rank, hint, "must match the size of tensor",
+    return _shared_launch("7.2", definitions(ns), fn, _step_on_rank, hint, "must match the size of tensor",
                           "a shard and the state have different sizes: the shard is not padded. Append this rank's "
                           "`pad` zeros (shard_range) so that every shard, and every rank's input to "
                           "dist.all_gather_single, has s = ceil(numel / world_size) elements. ")

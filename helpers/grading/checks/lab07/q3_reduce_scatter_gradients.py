@@ -16,6 +16,7 @@ from helpers.grading.checks.lab07.common import (
     _shared_launch,
 )
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import definitions
 from helpers.memory import state_bytes
 
 # --- 7.3 reduce_scatter_gradients ---------------------------------------------------------------
@@ -51,7 +52,8 @@ def _reduce_results(ns):
             "gradient) to one dist.reduce_scatter_single. ")
 
     # Gloo's own check: the input is not world_size times the output
-    return _shared_launch("7.3", fn, _reduce_on_rank, hint, "outputShape[0] * worldSize == inputShape[0]",
+    return _shared_launch("7.3", definitions(ns), fn, _reduce_on_rank, hint,
+                          "outputShape[0] * worldSize == inputShape[0]",
                           "the input of dist.reduce_scatter_single is not world_size x the shard size: the flat "
                           "gradient is not padded. Append zeros up to world_size * s elements, "
                           "s = ceil(numel / world_size). ")

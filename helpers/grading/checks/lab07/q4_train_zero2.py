@@ -8,6 +8,7 @@ import torch.nn as nn
 from helpers.comm import CommLedger
 from helpers.grading.checks.lab07.common import TOL, WORLD_SIZE, _flat, _launch, _max_diff, _memoized
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import definitions
 from helpers.memory import state_bytes
 
 # --- 7.4 train_zero2 ----------------------------------------------------------------------------
@@ -67,11 +68,9 @@ def _train_on_rank(train):
 
 
 def _training_results(ns):
-    names = ("train_zero2", "reduce_scatter_gradients", "zero_adamw_step", "adam_state", "shard_range")
-    key = tuple(ns.get(name) for name in names)
     train = answer(ns, "train_zero2")
     hint = "Every rank must run the same number of steps, each with one reduce-scatter and one all-gather. "
-    return _memoized("7.4", key, lambda: _launch(_train_on_rank, train, hint=hint))
+    return _memoized("7.4", definitions(ns), lambda: _launch(_train_on_rank, train, hint=hint))
 
 
 @public_check("7.4")

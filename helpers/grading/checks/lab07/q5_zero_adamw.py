@@ -21,7 +21,7 @@ from helpers.grading.checks.lab07.common import (
     _memoized,
 )
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import part_or_error
+from helpers.grading.shared_run import definitions, part_or_error
 from helpers.memory import state_bytes
 
 STEPS_7_5, LR_CHANGE_AT = 5, 2  # after LR_CHANGE_AT steps every group's lr is halved
@@ -117,11 +117,9 @@ def _one_group(model):
 
 
 def _results(ns):
-    names = ("ZeroAdamW", "reduce_scatter_gradients", "zero_adamw_step", "adam_state", "shard_range")
-    key = tuple(ns.get(name) for name in names)
     cls = answer(ns, "ZeroAdamW")
     hint = "Every rank must step the same groups, each with one reduce-scatter and one all-gather. "
-    return _memoized("7.5", key, lambda: _launch(_train_on_rank, cls, hint=hint))
+    return _memoized("7.5", definitions(ns), lambda: _launch(_train_on_rank, cls, hint=hint))
 
 
 def _diagnose(result):

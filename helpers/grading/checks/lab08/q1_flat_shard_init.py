@@ -17,6 +17,7 @@ from helpers.grading.checks.lab08.common import (
     _tiny,
 )
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import definitions
 
 # --- 8.1 FlatShard.__init__ --------------------------------------------------------------------------------------
 
@@ -69,7 +70,7 @@ def _mixed_init(cls, param_dtype, reduce_dtype):
 
 def _r81(ns):
     cls = answer(ns, "FlatShard")
-    return _results("8.1", (cls, cls.__dict__.get("__init__")), _init_on_rank, (3, 4), cls)
+    return _results("8.1", (cls.__dict__.get("__init__"), definitions(ns)), _init_on_rank, (3, 4), cls)
 
 
 @public_check("8.1")

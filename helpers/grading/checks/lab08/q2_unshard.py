@@ -19,6 +19,7 @@ from helpers.grading.checks.lab08.common import (
     _results,
 )
 from helpers.grading.registry import public_check
+from helpers.grading.shared_run import definitions
 
 # --- 8.2 unshard --------------------------------------------------------------------------------------------------
 
@@ -60,7 +61,7 @@ def _unshard_on_rank(cls):
 
 def _r82(ns):
     cls, fn = _method(ns, "unshard")
-    return _results("8.2", fn, _unshard_on_rank, (WORLD_SIZE,), cls)
+    return _results("8.2", (fn, definitions(ns)), _unshard_on_rank, (WORLD_SIZE,), cls)
 
 
 @public_check("8.2")

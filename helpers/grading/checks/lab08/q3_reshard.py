@@ -13,6 +13,7 @@ from helpers.grading.checks.lab08.common import (
     _results,
 )
 from helpers.grading.registry import public_check
+from helpers.grading.shared_run import definitions
 
 # --- 8.3 reshard --------------------------------------------------------------------------------------------------
 
@@ -48,7 +49,7 @@ def _reshard_on_rank(cls):
 
 def _r83(ns):
     cls, fn = _method(ns, "reshard")
-    return _results("8.3", fn, _reshard_on_rank, (WORLD_SIZE,), cls)
+    return _results("8.3", (fn, definitions(ns)), _reshard_on_rank, (WORLD_SIZE,), cls)
 
 
 @public_check("8.3")

@@ -17,6 +17,7 @@ from helpers.grading.checks.lab08.common import (
     _results,
 )
 from helpers.grading.registry import public_check
+from helpers.grading.shared_run import definitions
 from helpers.memory import state_bytes
 
 # --- 8.4 reduce_scatter_grads -------------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ def _mixed_reduce(cls, reduce_dtype):
 
 def _r84(ns):
     cls, fn = _method(ns, "reduce_scatter_grads")
-    return _results("8.4", fn, _reduce_on_rank, (WORLD_SIZE,), cls)
+    return _results("8.4", (fn, definitions(ns)), _reduce_on_rank, (WORLD_SIZE,), cls)
 
 
 def _mean_shard(n, rank, numel, size, calls):

@@ -17,7 +17,7 @@ from helpers.grading.checks.lab08.common import (
     _results,
 )
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import run_failed
+from helpers.grading.shared_run import definitions, run_failed
 from helpers.memory import state_bytes
 
 # --- 8.5 train_fsdp -----------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def _r85(ns):
     methods = ("__init__", "unshard", "reshard", "reduce_scatter_grads", "register_hooks")
     key = (answer(ns, "train_fsdp"), *(cls.__dict__.get(m) for m in methods))
     try:
-        return _results("8.5", key, _train_on_rank, (2, 3, 4), key[0])
+        return _results("8.5", (*key, definitions(ns)), _train_on_rank, (2, 3, 4), key[0])
     except RankFailed as exc:
         if "object has no attribute" not in str(exc):
             raise

@@ -18,6 +18,7 @@ from helpers.grading.checks.lab09.common import (
     run_on_ranks,
 )
 from helpers.grading.registry import answer, public_check
+from helpers.grading.shared_run import definitions
 
 
 # ------------------------------------------------------------------------------------------------ question 9.2
@@ -121,20 +122,21 @@ def _check_sharded(strategy, report, world_size, shards):
 
 
 _APPLY_STRATEGIES = ("no_shard", "shard_grad_op", "full_shard", "hybrid_shard")
-_apply_cache = {}  # {apply_strategy function: rank 0's report}: both 9.2 checks share one launch
+_apply_cache = {}  # {definitions(ns): rank 0's report}: both 9.2 checks share one launch
 
 
-def _apply_report(apply_strategy):
-    """Rank 0's report of every strategy on 4 ranks (one launch per function object)."""
-    if apply_strategy not in _apply_cache:
+def _apply_report(ns):
+    """Rank 0's report of every strategy on 4 ranks (one launch per version of the student's definitions)."""
+    apply_strategy, key = answer(ns, "apply_strategy"), definitions(ns)
+    if key not in _apply_cache:
         _apply_cache.clear()
         try:
-            _apply_cache[apply_strategy] = run_on_ranks(
+            _apply_cache[key] = run_on_ranks(
                 _on_ranks_apply, 4, (apply_strategy, _APPLY_STRATEGIES),
                 "apply_strategy (fully_shard the blocks first, deepest first, and the root last)")[0]
         except Exception as exc:  # noqa: BLE001 - the second check reports the same failure without a new launch
-            _apply_cache[apply_strategy] = exc
-    report = _apply_cache[apply_strategy]
+            _apply_cache[key] = exc
+    report = _apply_cache[key]
     if isinstance(report, Exception):
         raise report
     for strategy, r in report.items():
@@ -144,7 +146,7 @@ def _apply_report(apply_strategy):
 
 @public_check("9.2")
 def ddp_zero2_and_fsdp_on_a_1d_mesh(ns):
-    report = _apply_report(answer(ns, "apply_strategy"))
+    report = _apply_report(ns)
     ddp = report["no_shard"]
     psi = num_params(make_net())
     assert ddp["ddp"] and not ddp["units"], (
@@ -159,7 +161,7 @@ def ddp_zero2_and_fsdp_on_a_1d_mesh(ns):
 
 @public_check("9.2")
 def hsdp_on_a_2d_mesh(ns):
-    report = _apply_report(answer(ns, "apply_strategy"))["hybrid_shard"]
+    report = _apply_report(ns)["hybrid_shard"]
     assert report["placements"] == "(Replicate(), Shard(dim=0))", (
         f"hybrid_shard on a 2 x 2 mesh: a Layer weight has placements {report['placements']}; expected "
         "(Replicate(), Shard(dim=0)): pass the 2-D mesh itself to fully_shard")

@@ -1,8 +1,9 @@
 """Shared pieces of lab 10's checks: the capstone's code, the sizes, the two memoized runs, the shared invariants.
 
-A question runs the student's component once (`yours.train` on WORLD_SIZE Gloo ranks), keyed by their bring
-function, and PyTorch's counterpart once per process, keyed by the sizes (it does not depend on the answer); every
-check of the question reads those two runs.
+A question runs the student's component once (`yours.train` on WORLD_SIZE Gloo ranks), keyed by every function and
+class in their namespace (shared_run.definitions: a fixed Reducer reruns even if the bring function was not rerun), and
+PyTorch's counterpart once per process, keyed by the sizes (it does not depend on the answer); every check of the
+question reads those two runs.
 """
 import importlib
 import math
@@ -11,7 +12,7 @@ import sys
 
 import cloudpickle
 
-from helpers.grading.shared_run import SharedRun, launch_on_gloo
+from helpers.grading.shared_run import SharedRun, definitions, launch_on_gloo
 
 WORLD_SIZE = 3
 HANG_S = 30.0
@@ -58,7 +59,7 @@ def runs(ns, question, kind, name, valid, what, *, hint="", **changes):
     """(yours, PyTorch's): per rank, what `yours.train` returns, at SIZES with `changes`."""
     from helpers.grading.registry import answer
 
-    bring = answer(ns, name)
+    answer(ns, name)  # not defined: "run the cell that defines it", before any launch
     cfg, data = config(**changes), _capstone("data").load_corpus()[1]
 
     def mine():
@@ -68,7 +69,7 @@ def runs(ns, question, kind, name, valid, what, *, hint="", **changes):
     def theirs():
         counterpart = _capstone("yours").YOURS[kind]
         return launch_on_gloo(_train_on_rank, WORLD_SIZE, (counterpart, None, data, cfg), HANG_S)
-    return _memoized(question, bring, mine), _memoized(f"{question}/torch", repr(cfg), theirs)
+    return _memoized(question, definitions(ns), mine), _memoized(f"{question}/torch", repr(cfg), theirs)
 
 
 def identical_parameters_from_different_data(mine, what):

@@ -107,7 +107,7 @@ def bound_names(source):
     """Names source binds by assignment, argument, loop, def/class or import: what a copier can rename."""
     try:
         tree = ast.parse("\n".join("" if x.lstrip().startswith(("%", "!")) else x for x in source.split("\n")))
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a hostile nesting must not end the report
         return frozenset()  # cannot tell; the rule for names the lab never uses still renames the new ones
     bound = set()
     for node in ast.walk(tree):
@@ -273,7 +273,7 @@ def read_class(released, paths):
                 warnings.simplefilter("ignore")
                 submission = nbformat.read(path, as_version=4)
             found = {q: _answer_source(released, submission, q) for q in sources}
-        except Exception as exc:  # noqa: BLE001 - an unreadable file is that student's note, never the class's end
+        except Exception as exc:  # an unreadable file is that student's note, never the class's end
             result.unread[student] = f"not a readable notebook ({type(exc).__name__}: {str(exc)[:80]})"
             continue
         for question, source in found.items():

@@ -141,3 +141,26 @@ def test_winnowing_is_deterministic_and_finds_every_long_shared_run():
     # Every window of WINDOW consecutive k-grams holds a chosen one: a shared run of K + WINDOW - 1 tokens is found.
     positions = sorted(p for ps in chosen.values() for p in ps)
     assert all(any(s <= p < s + similarity.WINDOW for p in positions) for s in range(len(tokens) - similarity.K - 2))
+
+
+def test_an_answer_that_breaks_the_parser_is_still_compared(tmp_path):
+    # ast.parse raises RecursionError on a sum of 5,000 terms (MemoryError on 6,000 unary minuses).
+    deep = f"def rank_sum(world_size):\n    return {'+'.join(['1'] * 5000)}\n"
+    with pytest.raises(RecursionError):
+        similarity.ast.parse(deep)
+    pairs, text = _pairs(tmp_path, {"deep": deep, "deep_too": deep, "alice": lab.GATHER_SUM})
+    assert pairs == {("97.2", "deep", "deep_too")}
+
+
+def test_a_failed_report_leaves_the_grades_and_says_so(tmp_path, monkeypatch, capsys):
+    from helpers.grading import grade
+
+    def broken(*args):
+        raise OSError("disk full")
+
+    (tmp_path / "logs").mkdir()
+    monkeypatch.setattr(similarity_report, "write", broken)
+    grade._write_similarity(tmp_path, "97", None, {})
+    why = "the similarity report failed (OSError: disk full); grades.csv is complete"
+    assert f"grade: {why}" in capsys.readouterr().err
+    assert why in (tmp_path / "logs" / "grader.log").read_text()

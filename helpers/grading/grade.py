@@ -4,8 +4,9 @@
                                     [--resume] [--only STUDENT ...]
 
 Writes OUT/grades.csv, OUT/feedback/<student>.md, OUT/executed/<student>.ipynb, OUT/cells.csv (every cell's
-status and duration), OUT/results/<student>.json (what --resume trusts) and OUT/logs/ (kernels' own output,
-the grader's errors). Exits 0 whatever the students did; non-zero only when grading itself cannot run (no
+status and duration), OUT/results/<student>.json (what --resume trusts), OUT/logs/ (kernels' own output,
+the grader's errors) and OUT/similarity.md and .csv (pairs of students whose answers are unusually alike:
+helpers/grading/similarity.py). Exits 0 whatever the students did; non-zero only when grading itself cannot run (no
 such lab, probes failing on the solution, an unwritable OUT).
 
 Each student is graded in a process of its own; one that dies or overruns is that student's `grader_error`,
@@ -24,7 +25,7 @@ import time
 
 import nbformat
 
-from helpers.grading import cgroup, gradebook
+from helpers.grading import cgroup, gradebook, similarity_report
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
 from helpers.grading.execute import Limits
@@ -183,7 +184,21 @@ def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_d
     run_class(task, todo, jobs, student_limit(released, limits), ctx)
     results = load_results(out, sorted(paths))
     write_outputs(out, probes, results, probe_files.load_manual(lab, probes_dir))
+    _write_similarity(out, lab, released, paths)
     return results
+
+
+def _write_similarity(out, lab, released, paths):
+    """OUT/similarity.md and .csv for the whole class (also after --only or --resume: a pair needs both answers).
+
+    A report that fails is said on stderr and in logs/grader.log: the grades are written and stand without it."""
+    try:
+        similarity_report.write(out, lab, released, paths)  # reads only: 200 students in about 2 CPU-s
+    except Exception as exc:
+        why = f"the similarity report failed ({type(exc).__name__}: {exc}); grades.csv is complete"
+        print(f"grade: {why}", file=sys.stderr)
+        with open(pathlib.Path(out) / "logs" / "grader.log", "a") as log:
+            log.write(f"{why}\n")
 
 
 def _to_grade(out, paths, resume, only):
@@ -246,7 +261,8 @@ def main(argv=None):
     except (GradingError, run_state.StateError, FileNotFoundError, ValueError) as exc:
         print(f"grade: {exc}", file=sys.stderr)
         return 2
-    print(f"graded {len(results)} submission(s) into {options.out}/grades.csv")
+    print(f"graded {len(results)} submission(s) into {options.out}/grades.csv; answers alike: "
+          f"{options.out}/similarity.md")
     pending = _pending(options, results)
     if pending:
         print(f"{pending} of {len(results)} student(s) have parts graded by hand without points: fill the points "

@@ -30,6 +30,41 @@ def rank_sum(world_size):
     ### END SOLUTION
 '''
 
+# 97.2 answered with all_gather (tests/grading/test_similarity.py): the original ...
+GATHER_SUM = '''import torch
+import torch.distributed as dist
+from helpers import launch
+
+def rank_sum(world_size):
+    """Sum of the ranks 0..world_size-1, computed with an all_reduce on world_size ranks."""
+    def gather_ranks():
+        mine = torch.full((1,), float(dist.get_rank()))
+        everyone = [torch.zeros(1) for _ in range(dist.get_world_size())]  # one slot per rank
+        dist.all_gather(everyone, mine)
+        return float(torch.cat(everyone).sum())
+    return launch(gather_ranks, world_size, hang_timeout=5)[0]
+'''
+
+# ... and its copy: names changed, comments moved and reworded, two statements swapped, lines broken and joined,
+# quotes and spacing changed.
+GATHER_SUM_COPIED = """import torch
+import torch.distributed as dist
+from helpers import launch
+
+def rank_sum(world_size):
+    '''Sum of the ranks 0..world_size-1, computed with an all_reduce on world_size ranks.'''
+    # every rank sends its id to all the others
+    def collect():
+        # a buffer per rank
+        parts = [torch.zeros(1)
+                 for i in range(dist.get_world_size())]
+
+        t=torch.full( (1, ), float( dist.get_rank() ) )
+        dist.all_gather(parts, t); return float(torch.cat(parts).sum())
+    return launch(collect, world_size,
+                  hang_timeout=5)[0]
+"""
+
 PROBES = '''from helpers.grading.probes import Probe
 
 SETUP = "import torch as _probe_torch"

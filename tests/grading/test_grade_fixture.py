@@ -54,10 +54,11 @@ SUBMISSIONS = {
                     "helpers.grading.check = lambda *a, **k: None\n"
                     "helpers.grading.plain.compare = lambda *a, **k: (True, '')\n"
                     "def add(a, b):\n    return a * 0\n", WRONG_SUM, None, 0, 0, "ok"),
-    "edits_check_cell": (CORRECT_ADD, CORRECT_SUM, _replace_check, 2, 2, "ok"),
+    # These two hand in one 97.2 answer, renamed and reformatted: the similarity report's one pair.
+    "edits_check_cell": (CORRECT_ADD, lab.GATHER_SUM, _replace_check, 2, 2, "ok"),
     "not_started": (None, None, None, 0, 0, "ok"),
     # Passes in the student's notebook; graded, the helper's cell is the lab's, so _plus is undefined.
-    "helper_outside": ("def add(a, b):\n    return _plus(a, b)\n", CORRECT_SUM, _helper_cell, 0, 2, "ok"),
+    "helper_outside": ("def add(a, b):\n    return _plus(a, b)\n", lab.GATHER_SUM_COPIED, _helper_cell, 0, 2, "ok"),
 }
 
 
@@ -140,6 +141,17 @@ def test_unreadable_notebook_is_an_error_row(graded):
     _, out, rows, _, _ = graded
     assert rows["garbage"]["status"] == "error" and rows["garbage"]["total"] == "0"
     assert "could not be read" in (out / "feedback" / "garbage.md").read_text()
+
+
+def test_similarity_report_names_the_copying_pair_and_no_honest_one(graded):
+    # Most of the class hands in the solution's 97.2 word for word: common, so it flags no one; every 97.1 but
+    # the hostile ones is too short to compare.
+    _, out, _, _, _ = graded
+    with open(out / "similarity.csv") as f:
+        listed = [(row["question"], row["student_a"], row["student_b"]) for row in csv.DictReader(f)]
+    assert listed == [("97.2", "edits_check_cell", "helper_outside")]
+    text = (out / "similarity.md").read_text()
+    assert "not a verdict" in text and "- garbage: not a readable notebook" in text
 
 
 def test_feedback_names_probes_but_never_their_source_or_values(graded):

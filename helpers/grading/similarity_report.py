@@ -1,0 +1,131 @@
+"""OUT/similarity.md and OUT/similarity.csv: pairs of students whose answers to a question are unusually alike.
+
+Written by `make grade` beside grades.csv, from the submissions alone (nothing is executed); how pairs are found
+and scored is helpers/grading/similarity.py's docstring. similarity.csv has one row per listed pair:
+
+| column | meaning |
+|---|---|
+| question | e.g. 3.3 |
+| student_a, student_b | the pair, in name order |
+| score | tokens inside shared fingerprints, both answers, / tokens of both answers (0-1) |
+| a_matched, a_tokens, b_matched, b_tokens | each answer's tokens inside shared fingerprints, and its length |
+| fingerprints | fingerprints the two share (common ones excluded) |
+"""
+import csv
+import pathlib
+
+from helpers.grading import similarity
+from helpers.grading.report import question_order
+
+SHOWN = 10  # pairs whose answers the report prints in full
+
+HEADER = """# Similar answers: lab {lab}
+
+**Evidence for a person to read, not a verdict.** Each row is two students whose answers to one question share
+more of their code than the rest of the class does, after removing what everyone was given (the released lab's
+code in the answer cell) and what copying changes (comments, blank lines, spacing, line breaks, variable names,
+strings). Read both answers before concluding anything: students who worked through the same chapter cell, a
+tutorial or office hours together write alike too.
+
+How short and common answers are handled: an answer under {min_tokens} tokens (a one-line fix) is not compared,
+and a fingerprint ({k} consecutive tokens) found in the answers of more than {common} of the class's students
+(and of more than {common_min}) is taken as the common solution and ignored, so the answer most students find
+flags no one. A pair is listed from a score of {flag:.2f}: the share of both answers' tokens inside fingerprints
+they share (1.00: the same answer token for token, with nothing in it the class has in common; one answer inside
+a much longer one scores lower). The median pair score of each question, below, is the class's baseline. What
+this cannot see: an answer copied and then rewritten by hand, a wrong idea shared in conversation, copying from
+outside the class.
+"""
+
+
+def write(out, lab, released, paths):
+    """Write OUT/similarity.md and .csv for the submissions {student: path}; return the listed pairs."""
+    found = similarity.read_class(released, paths)
+    questions = question_order(found.answers)
+    results = {q: similarity.compare(found.answers[q], found.starters[q]) for q in questions}
+    pairs = sorted((p for q in questions for p in results[q][0]), key=lambda p: -p.score)
+    out = pathlib.Path(out)
+    _write_csv(out / "similarity.csv", pairs)
+    students = len(paths) - len(found.unread)
+    text = HEADER.format(lab=lab, min_tokens=similarity.MIN_TOKENS, k=similarity.K, flag=similarity.FLAG,
+                         common=f"{similarity.COMMON_SHARE:.0%}", common_min=similarity.COMMON_MIN)
+    text += _summary(questions, found, results, students)
+    text += _pairs_table(pairs) + _repeat_offenders(pairs) + _shown(pairs[:SHOWN]) + _not_compared(found)
+    (out / "similarity.md").write_text(text)
+    return pairs
+
+
+def _write_csv(path, pairs):
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["question", "student_a", "student_b", "score", "a_matched", "a_tokens", "b_matched",
+                         "b_tokens", "fingerprints"])
+        for p in pairs:
+            writer.writerow([p.question, p.a.student, p.b.student, f"{p.score:.2f}", len(p.covered_a),
+                             len(p.a.tokens), len(p.covered_b), len(p.b.tokens), p.shared])
+
+
+def _summary(questions, found, results, students):
+    lines = [f"\n{students} submission(s) read.\n",
+             "| question | answers | compared (long enough) | median pair score | common fingerprints | pairs listed |",
+             "|---|---|---|---|---|---|"]
+    for q in questions:
+        pairs, scores, common = results[q]
+        long_enough = sum(len(a.tokens) >= similarity.MIN_TOKENS for a in found.answers[q])
+        middle = similarity.median(scores, long_enough)
+        lines.append(f"| {q} | {len(found.answers[q])} | {long_enough} | {middle:.2f} | {len(common)} | {len(pairs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pairs_table(pairs):
+    if not pairs:
+        return (f"\n## Pairs\n\nNo pair of answers reached the listing score ({similarity.FLAG:.2f}) in any question: "
+                "nothing here suggests copying.\n")
+    lines = ["\n## Pairs, most alike first\n", "| # | question | student A | student B | score | A matched / tokens "
+             "| B matched / tokens |", "|---|---|---|---|---|---|---|"]
+    for rank, p in enumerate(pairs, start=1):
+        lines.append(f"| {rank} | {p.question} | {p.a.student} | {p.b.student} | {p.score:.2f} | "
+                     f"{len(p.covered_a)} / {len(p.a.tokens)} | {len(p.covered_b)} / {len(p.b.tokens)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _repeat_offenders(pairs):
+    """Students listed together in more than one question: stronger evidence than one alike answer."""
+    together = {}
+    for p in pairs:
+        together.setdefault((p.a.student, p.b.student), []).append(p.question)
+    repeated = {k: v for k, v in together.items() if len(v) > 1}
+    if not repeated:
+        return ""
+    lines = ["\n## Pairs listed in more than one question\n"]
+    lines += [f"- {a} and {b}: {', '.join(question_order(qs))}" for (a, b), qs in sorted(repeated.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _shown(pairs):
+    if not pairs:
+        return ""
+    parts = [f"\n## The {len(pairs)} most alike, answer by answer\n",
+             "Lines marked `>` hold tokens of a fingerprint the two answers share; line numbers are the answer "
+             "cell's.\n"]
+    for rank, p in enumerate(pairs, start=1):
+        parts.append(f"\n### {rank}. Lab {p.question}: {p.a.student} and {p.b.student}, score {p.score:.2f}\n")
+        parts += [_listing(p.a, p.covered_a), _listing(p.b, p.covered_b)]
+    return "\n".join(parts)
+
+
+def _listing(answer, covered):
+    """The student's own lines of their answer, those inside a shared fingerprint marked."""
+    first, last = answer.region()
+    marked = {answer.lines[i] for i in covered}
+    lines = answer.source.split("\n")
+    body = [f"{'>' if n in marked else ' '} {n:3d}  {lines[n - 1]}" for n in range(first, last + 1)]
+    fence = "````" if any("```" in x for x in body) else "```"
+    return f"\n{answer.student}:\n\n{fence}\n" + "\n".join(body) + f"\n{fence}\n"
+
+
+def _not_compared(found):
+    notes = [f"- {s}: {why}" for s, why in sorted(found.unread.items())]
+    notes += [f"- lab {q}: no answer cell found for {', '.join(students)}"
+              for q, students in sorted(found.missing.items()) if students]
+    return ("\n## Not compared\n\n" + "\n".join(notes) + "\n") if notes else ""

@@ -1,0 +1,166 @@
+"""The similarity report (helpers/grading/similarity.py): copied answers flagged, honest and starter-only ones not.
+
+No kernel runs: the fixture lab 97 is built on disk and its submissions only read."""
+import csv
+
+import nbformat
+import pytest
+
+from helpers.grading import similarity, similarity_report
+from tests.grading import fixture_lab as lab
+
+pytestmark = pytest.mark.timeout(60)
+
+# Honest answers to 97.2, each written its own way.
+HONEST = {
+    "reduce": lab.RANK_SUM.replace("### BEGIN SOLUTION (lab 97.2) all_reduce each rank's id\n", "")
+                          .replace("    ### END SOLUTION\n", ""),
+    "formula": '''import torch
+import torch.distributed as dist
+from helpers import launch
+
+def rank_sum(world_size):
+    """Sum of the ranks 0..world_size-1, computed with an all_reduce on world_size ranks."""
+    def body():
+        rank = dist.get_rank()
+        total = torch.zeros(1)
+        total += rank
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        assert int(total.item()) == world_size * (world_size - 1) // 2, "wrong sum"
+        return total.item()
+    results = launch(body, world_size)
+    return results[0]
+''',
+    "sends": '''import torch
+import torch.distributed as dist
+from helpers import launch
+
+def rank_sum(world_size):
+    """Sum of the ranks 0..world_size-1, computed with an all_reduce on world_size ranks."""
+    def ring():
+        value = torch.tensor([dist.get_rank()], dtype=torch.float64)
+        if dist.get_rank() == 0:
+            for source in range(1, dist.get_world_size()):
+                incoming = torch.empty_like(value)
+                dist.recv(incoming, src=source)
+                value += incoming
+        else:
+            dist.send(value, dst=0)
+        dist.broadcast(value, src=0)
+        return value.item()
+    return launch(ring, world_size)[0]
+''',
+}
+
+
+def _class(tmp_path, answers, extra=()):
+    """Lab 97 on disk and one submission per student {student: 97.2 source}; returns (released lab, paths)."""
+    lab.build(tmp_path)
+    paths = {s: lab.submission(tmp_path, s, None, source) for s, source in answers.items()}
+    released = nbformat.read(tmp_path / "labs" / "97_fixture.ipynb", as_version=4)
+    return released, {**paths, **dict(extra)}
+
+
+def _pairs(tmp_path, answers, extra=()):
+    released, paths = _class(tmp_path, answers, extra)
+    pairs = similarity_report.write(tmp_path, "97", released, paths)
+    return {(p.question, p.a.student, p.b.student) for p in pairs}, (tmp_path / "similarity.md").read_text()
+
+
+def test_a_renamed_reformatted_copy_is_flagged_and_honest_answers_are_not(tmp_path):
+    pairs, text = _pairs(tmp_path, {**HONEST, "alice": lab.GATHER_SUM, "bob": lab.GATHER_SUM_COPIED})
+    assert pairs == {("97.2", "alice", "bob")}
+    assert "| 1 | 97.2 | alice | bob |" in text
+    assert "not a verdict" in text and "dist.all_gather(parts, t); return" in text  # both answers shown
+    with open(tmp_path / "similarity.csv") as f:
+        [row] = list(csv.DictReader(f))
+    assert (row["student_a"], row["student_b"], row["a_tokens"], row["b_tokens"]) == ("alice", "bob", "88", "88")
+    assert float(row["score"]) > 0.8  # every token alike but the few the class has in common
+
+
+def test_the_copy_scores_far_above_every_honest_pair(tmp_path):
+    released, paths = _class(tmp_path, {**HONEST, "alice": lab.GATHER_SUM, "bob": lab.GATHER_SUM_COPIED})
+    found = similarity.read_class(released, paths)
+    _, scores, _ = similarity.compare(found.answers["97.2"], found.starters["97.2"])
+    copied = scores.pop(("alice", "bob"))
+    # The closest honest pairs share a line or two (`return launch(V, world_size, hang_timeout=5)[0]`).
+    assert max(scores.values()) < similarity.FLAG - 0.1 and copied > similarity.FLAG + 0.3, scores
+
+
+def test_the_starter_code_alone_is_never_compared(tmp_path):
+    lab.build(tmp_path)
+    released = nbformat.read(tmp_path / "labs" / "97_fixture.ipynb", as_version=4)
+    starter = released.cells[4].source
+    pairs, text = _pairs(tmp_path, {"ann": starter, "ben": starter, "cat": starter + "\n# started, not done\n"})
+    assert not pairs and "No pair of answers reached the listing score" in text
+    found = similarity.read_class(released, {s: tmp_path / "submissions" / f"{s}.ipynb" for s in ("ann", "cat")})
+    assert [a.tokens for a in found.answers["97.2"]] == [(), ()]  # nothing of the starter is the student's
+
+
+def test_a_solution_most_of_the_class_writes_flags_no_one(tmp_path):
+    # The same idiom in 5 of 6 answers is the common solution (over max(COMMON_MIN, 10 %) of the class).
+    pairs, _ = _pairs(tmp_path, {**{f"s{i}": HONEST["reduce"] for i in range(5)}, "other": HONEST["sends"]})
+    assert not pairs
+
+
+def test_bad_input_is_a_note_not_a_crash(tmp_path):
+    lab.build(tmp_path)
+    garbage = tmp_path / "submissions" / "garbage.ipynb"
+    garbage.write_text("{ not a notebook")
+    half = tmp_path / "submissions" / "half.ipynb"
+    half.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')  # another notebook
+    unbalanced = "def rank_sum(world_size):\n    return launch(f, world_size, [\n"  # tokenize stops at the end
+    answers = {"empty": "", "unbalanced": unbalanced, "alice": lab.GATHER_SUM, "bob": lab.GATHER_SUM_COPIED}
+    pairs, text = _pairs(tmp_path, answers, extra={"garbage": garbage, "half": half})
+    assert pairs == {("97.2", "alice", "bob")}
+    assert "- garbage: not a readable notebook" in text
+    assert "lab 97.1: no answer cell found for" in text and "half" in text
+
+
+def test_report_rows_say_what_each_column_counts(tmp_path):
+    pairs, text = _pairs(tmp_path, {"alice": lab.GATHER_SUM, "bob": lab.GATHER_SUM_COPIED, "carol": lab.GATHER_SUM})
+    assert pairs == {("97.2", "alice", "bob"), ("97.2", "alice", "carol"), ("97.2", "bob", "carol")}
+    assert "## The 3 most alike, answer by answer" in text
+    assert ">" in text.split("### 1.")[1].split("```")[1]  # matched lines are marked
+
+
+def test_tokens_ignore_what_copying_changes():
+    vocabulary = {"dist", "torch", "world_size"}
+    one = "x = dist.all_reduce(t)  # sum\nreturn x / world_size\n"
+    two = "total=dist.all_reduce( t2 )\n\n\nreturn total/world_size"
+    names = similarity.bound_names
+    assert ([t for t, _ in similarity.normalise(one, names(one), vocabulary)]
+            == [t for t, _ in similarity.normalise(two, names(two), vocabulary)]
+            == ["V", "=", "dist", ".", "all_reduce", "(", "V", ")", ";", "return", "V", "/", "world_size", ";"])
+
+
+def test_winnowing_is_deterministic_and_finds_every_long_shared_run():
+    tokens = tuple(f"t{i}" for i in range(40))
+    chosen = similarity.winnow(similarity.kgram_hashes(tokens))
+    assert chosen == similarity.winnow(similarity.kgram_hashes(tokens))
+    # Every window of WINDOW consecutive k-grams holds a chosen one: a shared run of K + WINDOW - 1 tokens is found.
+    positions = sorted(p for ps in chosen.values() for p in ps)
+    assert all(any(s <= p < s + similarity.WINDOW for p in positions) for s in range(len(tokens) - similarity.K - 2))
+
+
+def test_an_answer_that_breaks_the_parser_is_still_compared(tmp_path):
+    # ast.parse raises RecursionError on a sum of 5,000 terms (MemoryError on 6,000 unary minuses).
+    deep = f"def rank_sum(world_size):\n    return {'+'.join(['1'] * 5000)}\n"
+    with pytest.raises(RecursionError):
+        similarity.ast.parse(deep)
+    pairs, text = _pairs(tmp_path, {"deep": deep, "deep_too": deep, "alice": lab.GATHER_SUM})
+    assert pairs == {("97.2", "deep", "deep_too")}
+
+
+def test_a_failed_report_leaves_the_grades_and_says_so(tmp_path, monkeypatch, capsys):
+    from helpers.grading import grade
+
+    def broken(*args):
+        raise OSError("disk full")
+
+    (tmp_path / "logs").mkdir()
+    monkeypatch.setattr(similarity_report, "write", broken)
+    grade._write_similarity(tmp_path, "97", None, {})
+    why = "the similarity report failed (OSError: disk full); grades.csv is complete"
+    assert f"grade: {why}" in capsys.readouterr().err
+    assert why in (tmp_path / "logs" / "grader.log").read_text()

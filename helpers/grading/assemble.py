@@ -80,27 +80,47 @@ def assemble(released, submission, setup, probes, seed):
                 nonces[question] = secrets.token_hex(8)
                 probe = nbformat.v4.new_code_cell(probe_source(question, setup, mine, nonces[question], seed))
                 probe.metadata["dp_course_kind"] = "probe"
+                probe.metadata["dp_course_question"] = question
                 graded.cells.append(probe)
     return graded, nonces, missing
 
 
+FORGED = "the probe cell showed a result that was not the probe's: an answer displayed one of its own, so none counts"
+
+
 def probe_values(graded, question, nonce):
-    """{probe name: {"value"| "error": ...}} displayed by the probe cell of question, if any."""
+    """{probe name: {"value"| "error": ...}} displayed by the probe cell of question, if any.
+
+    The probe cell displays one result. Code run in that cell (an answer called by a probe, an IPython hook) can
+    read its source, nonce included, and display a result of its own first: then the question gets nothing but
+    FORGED, under the names either result claims."""
     for cell in graded.cells:
-        if cell.metadata.get("dp_course_kind") != "probe":
+        if cell.metadata.get("dp_course_kind") != "probe" or cell.metadata.get("dp_course_question") != question:
             continue
-        for output in cell.get("outputs", []):
-            data = output.get("data", {}).get(PROBE_MIMETYPE)
-            if data and data.get("question") == question and data.get("nonce") == nonce:
-                return {r["name"]: r for r in data["results"]}
+        shown = [_results(o["data"][PROBE_MIMETYPE]) for o in cell.get("outputs", [])
+                 if PROBE_MIMETYPE in o.get("data", {})]
+        if len(shown) == 1 and shown[0][:2] == (question, nonce):
+            return shown[0][2]
+        return {name: {"error": FORGED} for _, _, results in shown for name in results}
     return {}
 
 
+def _results(data):
+    """(question, nonce, {name: result}) of one displayed probe result, whatever the kernel sent."""
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        return None, None, {}
+    results = {r["name"]: r for r in data["results"] if isinstance(r, dict) and isinstance(r.get("name"), str)
+               and ("value" in r or "error" in r)}
+    return data.get("question"), data.get("nonce"), results
+
+
 def answer_sources(graded):
-    """{question: the source of its answer cells} in a graded notebook."""
-    sources = {}
+    """{question: the source of every answer cell that runs before its probe}: the question's own answer cells
+    and the earlier ones, whose definitions it may call (a shortcut hidden in another question's cell)."""
+    sources, ran = {}, ""
     for cell in graded.cells:
         if cell.metadata.get("dp_course_kind") == "answer":
+            ran += cell.source + "\n"
             for question in answer_questions(cell):
-                sources[question] = sources.get(question, "") + cell.source + "\n"
+                sources[question] = ran
     return sources

@@ -10,7 +10,8 @@ tests/grading/test_grade_fixture.py):
 - bwrap mounts: the kernel sees only the system (/usr, /etc), the Python installation and the course
   repository, all read-only, plus its own working directory. The solutions, the probes, the tests, the
   repository's .git, the other submissions and the grader's output are empty directories; /tmp, /proc
-  and /dev are private; nothing else of the machine (HOME, pip caches, other users' files) exists;
+  and /dev are private (/tmp and /dev/shm hold at most TMPFS_BYTES each); nothing else of the machine
+  (HOME, pip caches, other users' files) exists;
 - `--cap-drop ALL` when the grader is root: the kernel cannot undo those mounts;
 - `prlimit --as`: a memory bomb becomes MemoryError in that kernel, not an out-of-memory kill;
 - `setpriv` to nobody (root only, when nobody can run the interpreter: one under /root cannot be);
@@ -38,6 +39,7 @@ NOBODY_UID = NOBODY_GID = 65534
 _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Readable by root only, and of no use to a kernel.
 _SECRET_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+TMPFS_BYTES = 256 * 2**20  # each of the sandbox's /tmp and /dev/shm (the kernel's TMPDIR is in its directory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +124,11 @@ def bwrap_argv(workdir, readonly_dirs, hidden_dirs):
     readonly = [d for d in dict.fromkeys(readonly_dirs) if os.path.isdir(d)]
     # Private /proc, /dev and /tmp first: a later mount covers an earlier one, and the repository or the
     # working directory may well live under /tmp (a fresh clone in `mktemp -d`).
-    argv = ["bwrap", *_namespace_flags(), *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # A tmpfs is memory that no process's `prlimit --as` counts: 1 GiB written to an unbounded /tmp stayed in the
+    # machine's RAM. Both are capped (/dev/shm would otherwise be a directory of /dev's unbounded tmpfs).
+    size = ["--size", str(TMPFS_BYTES)]
+    argv = ["bwrap", *_namespace_flags(), *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+            *size, "--tmpfs", "/dev/shm", *size, "--tmpfs", "/tmp"]
     for path in readonly:
         argv += ["--ro-bind", path, path]
     # Later mounts cover earlier ones: hide what lies inside a read-only directory, then give the kernel its own.

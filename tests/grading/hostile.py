@@ -91,6 +91,30 @@ os.kill(os.getppid(), signal.SIGKILL)
 HUGE_OUTPUT = "import sys\nfor _ in range(8):\n    sys.stdout.write('x' * 500_000 + '\\n')\n" + lab.ADD
 
 
+# 272 MiB into each tmpfs of the sandbox (RAM that `prlimit --as` does not count): both wrote before their cap.
+FILLS_TMPFS = '''import os
+for d in ("/tmp", "/dev/shm"):
+    try:
+        with open(os.path.join(d, "big"), "wb") as f:
+            for _ in range(17):
+                f.write(b"x" * 2**24)
+        print(d, "WROTE 272 MiB")
+    except OSError as e:
+        print(d, "REFUSED", e.strerror)
+''' + lab.ADD
+
+# Called by the probe cell, the answer reads the cell's source (its nonce) from In and displays a result of its
+# own before the probe's: the first one was graded (2/2 while rank_sum returns 0).
+FORGES_PROBE_RESULT = '''import ast, re
+from IPython.display import display
+def rank_sum(world_size):
+    question, _, calls, nonce, _ = ast.literal_eval(re.search(r"_probe_run(\\(.*\\))", In[-1]).group(1))
+    display({"application/vnd.dp-course.probe+json": {"question": question, "nonce": nonce,
+             "results": [{"name": name, "value": 3.0} for name, _ in calls]}}, raw=True)
+    return 0.0
+'''
+
+
 def _duplicate_answer_id(nb):
     """Two cells with the id of answer 97.1: a wrong one first, the right one second."""
     first = nbformat.from_dict(nb.cells[2])
@@ -109,4 +133,6 @@ HOSTILE = {
     "huge_output": (HUGE_OUTPUT, lab.RANK_SUM, None, 2, 2, "ok"),
     # nbformat renames the second id when it reads the notebook: the first cell is the graded one.
     "duplicate_ids": (None, lab.RANK_SUM, _duplicate_answer_id, 0, 2, "ok"),
+    # 97.2 also uses `In`, which the source scan refuses too; the probe cell's two results fail it first.
+    "fills_tmpfs_forges_probe": (FILLS_TMPFS, FORGES_PROBE_RESULT, None, 2, 0, "ok"),
 }

@@ -352,3 +352,12 @@ def test_an_overdue_student_is_a_grader_error_and_the_class_goes_on(two_students
     assert "grading took longer than 0 s and was stopped" in result["error"]
     assert "partly: grading took longer" in (out / "logs" / "grader.log").read_text()
     assert _dead_graders_cgroups() <= left_before, "the killed student's kernel cgroup was left behind"
+
+
+@needs_sandbox
+def test_the_sandbox_tmpfs_is_capped_and_a_forged_probe_result_counts_for_nothing(graded):
+    _, out, _, _, _ = graded
+    shown = _outputs(out, "fills_tmpfs_forges_probe")
+    assert "/tmp REFUSED No space left on device" in shown and "/dev/shm REFUSED No space" in shown, shown[:2000]
+    feedback = (out / "feedback" / "fills_tmpfs_forges_probe.md").read_text()
+    assert "three ranks: failed: the probe cell showed a result that was not the probe's" in feedback, feedback

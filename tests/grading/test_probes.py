@@ -118,3 +118,73 @@ def test_an_unchunked_ring_fails_the_bytes_rule():
 def test_a_ring_on_library_collectives_fails_the_point_to_point_rule():
     why = point_to_point("ring_all_reduce")(None, _ring(3, 30, op="all_reduce"))
     assert why.startswith("rank 0 issued all_reduce; build ring_all_reduce from point-to-point messages"), why
+
+
+# Attacks of a second red-team pass (each scored before its fix: see the commit that added it).
+def test_a_dict_spelled_like_a_tensor_must_fill_its_shape():
+    # {"__tensor__", "shape", "data": []} passed every tensor probe (zip compared nothing): 4/4 on lab 97.
+    expected = {"__tensor__": "float32", "shape": [2], "data": [1.0, 2.0]}
+    probe = probe_files.Probe("9.9", "x", "x")
+    for forged in ({**expected, "data": []}, {**expected, "data": [1.0]}, {**expected, "data": [[1.0], [2.0]]},
+                   {**expected, "shape": None}, {**expected, "data": "12"}):
+        assert probe.grade(expected, forged)[0] is False, forged
+    assert probe.grade(expected, expected) == (True, "")
+
+
+def test_a_value_that_breaks_the_comparison_fails_its_probe_without_crashing_the_grader():
+    # data [[0]] made float() raise in the grader: the student's grading process died (grader_error).
+    probe = probe_files.Probe("9.9", "x", "x")
+    expected = {"__tensor__": "float32", "shape": [1], "data": [1.0]}
+    assert probe.grade(expected, {**expected, "data": [[0]]})[0] is False
+
+
+@pytest.mark.parametrize("source, why", [
+    ("_where = %pwd\ndef add(a, b):\n    return eval('a + b')\n", "uses IPython syntax in `_where = %pwd`"),
+    ("def f(t):\n    return f?\n", "uses IPython syntax"),
+    ("import torch.distributed as dist\ndef f(t):\n    return getattr(dist, 'all_' + 'reduce')(t)\n",
+     "uses `getattr` to reach an attribute by a name computed at run time"),
+    ("import torch.distributed as dist\ndef f(t):\n    return dist.__dict__['all_' + 'reduce'](t)\n",
+     "uses `__dict__` to reach an attribute"),
+    ("quit._ip.input_transformers_post.append(lambda lines: lines)\n", "uses `_ip`"),
+    ("def f():\n    return In[-1]\n", "uses `In`"),
+    ("import sys\ndef f():\n    return sys._getframe(1).f_locals['nonce']\n", "uses `_getframe`"),
+])
+def test_ipython_syntax_computed_names_and_the_shell_score_zero(source, why):
+    assert refusal(source, ()).startswith(why), refusal(source, ())
+
+
+def test_the_scan_reads_what_python_runs():
+    # The line-dropping scan once read `x = """` + `"""` here, and missed the import that runs.
+    source = 'x = """\n%"""; from torch.utils.data import DistributedSampler as S; y = """\n"""\n'
+    assert shortcut(source, ("DistributedSampler",)) == "DistributedSampler"
+    honest = "%%ranks 2\nimport torch\nif 'weight' in model.__dict__:\n    w = getattr(model, 'weight')\n"
+    assert refusal(honest, ()) == ""
+
+
+def test_a_shortcut_in_an_earlier_answer_cell_counts():
+    # The alias made in 3.1's cell, called from 3.2's: 3.2's own cell names no DistributedDataParallel.
+    setup, probes = probe_files.load("03")
+    released = nbformat.read(glob.glob(str(ROOT / "labs" / "03_*.ipynb"))[0], as_version=4)
+    graded = assemble(released, released, setup, probes, 0)[0]
+    answers = [c for c in graded.cells if c.metadata.get("dp_course_kind") == "answer"]
+    answers[0].source += "\nfrom torch.nn.parallel import DistributedDataParallel as _wrap\n"
+    answers[1].source = "def broadcast_parameters(model, src=0):\n    return _wrap(model)\n"
+    why = refusal(answer_sources(graded)["3.2"], _probe("03", "3.2").forbidden)
+    assert why.startswith("uses `DistributedDataParallel`"), why
+
+
+def test_a_probe_cell_with_a_second_result_counts_for_nothing():
+    # An answer called by the probe read the nonce from In[-1] and displayed its own result first: 4/4 on lab 97.
+    from helpers.grading.assemble import FORGED, probe_values
+    from helpers.grading.probe_runtime import PROBE_MIMETYPE
+
+    setup, probes = probe_files.load("03")
+    released = nbformat.read(glob.glob(str(ROOT / "labs" / "03_*.ipynb"))[0], as_version=4)
+    graded, nonces, _ = assemble(released, released, setup, probes, 0)
+    cell = next(c for c in graded.cells if c.metadata.get("dp_course_question") == "3.2")
+    real = {"question": "3.2", "nonce": nonces["3.2"], "results": [{"name": probes[3].name, "value": 1}]}
+    shown = nbformat.v4.new_output("display_data", data={PROBE_MIMETYPE: real})
+    cell.outputs = [shown]
+    assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: real["results"][0]}
+    cell.outputs = [shown, shown]
+    assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: {"error": FORGED}}

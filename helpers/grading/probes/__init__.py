@@ -56,9 +56,9 @@ class Probe:
         why = refusal(answer_source, self.forbidden)
         if why:
             return False, why
-        if self.judge is None:
-            return compare(expected, actual, self.rtol, self.atol)
         try:
+            if self.judge is None:
+                return compare(expected, actual, self.rtol, self.atol)
             return self.judge(expected, actual, question_seed(seed, self.question))
         except Exception as exc:  # noqa: BLE001 - the value is the student's: anything may arrive
             return False, f"the value could not be judged ({type(exc).__name__}): see the lab for what to return"

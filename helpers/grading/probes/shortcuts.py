@@ -4,8 +4,11 @@ Two kinds, each scoring 0 on the probes of the question with a message saying wh
     forbidden   per question (Probe.forbidden): the library function the question rebuilds, e.g. `all_reduce`
                 in a ring, `DistributedSampler` in 3.1, `helpers.theory` in 6.1.
     HIDING      every question: what would hide from this reading what an answer runs (`exec`, `eval`,
-                `__import__`, `importlib`, `sys.modules`, ...), and the grader's own machinery that runs in the
-                kernel (`probe_runtime`, `run_probes`, `_PROBE_SEED`, the probes' `_probe_*` helpers).
+                `__import__`, `importlib`, `sys.modules`, `getattr` by a computed name, ...), the kernel's shell
+                and frames (`get_ipython`, `In`, `_getframe`: they read and rewrite the probe cell), IPython syntax
+                (a magic hides what it runs), and the grader's own machinery that runs in the kernel
+                (`probe_runtime`, `run_probes`, `_PROBE_SEED`, the probes' `_probe_*` helpers).
+The source read is every answer cell that ran before the question's probe: a shortcut may hide in an earlier one.
 A name counts as Python sees it: a name, an attribute, an imported name, or a string (`getattr(dist,
 "all_reduce")`). A dotted name ("helpers.theory") counts as an import of that module, `from helpers import
 theory`, the attribute chain `helpers.theory`, or that string. Comments and docstrings do not count.
@@ -15,7 +18,16 @@ import ast
 # Builtins and modules that run or reach code chosen at run time; `compile` and `eval` count only as bare names
 # (torch.compile and model.eval() are fine).
 HIDING = ("exec", "eval", "compile", "__import__", "importlib", "import_module", "__builtins__", "builtins",
-          "sys.modules", "globals", "vars", "probe_runtime", "run_probes", "_evaluate", "_PROBE_SEED", "_probe_*")
+          "sys.modules", "globals", "vars", "probe_runtime", "run_probes", "_evaluate", "_PROBE_SEED", "_probe_*",
+          # Attributes by a name the source does not spell (`getattr(dist, "all_" + "reduce")` and reading a
+          # `__dict__` are caught by by_computed_name).
+          "__getattribute__", "attrgetter", "methodcaller",
+          # The kernel's shell, which reads and rewrites later cells (the probe cell and its nonce): hooks, input
+          # transformers, the history; `quit._ip` and `exit._ip` are the shell too.
+          "get_ipython", "_ip", "InteractiveShell", "ipykernel", "events", "input_transformers_post",
+          "input_transformers_cleanup", "ast_transformers", "displayhook", "display_pub", "In", "_ih", "Out", "_oh",
+          # Frames: the probe's own locals (its nonce) and its module's globals.
+          "inspect", "_getframe", "f_back", "f_locals", "f_globals", "tb_frame", "settrace", "setprofile", "gc")
 _BARE_ONLY = {"exec", "eval", "compile", "globals", "vars"}
 
 
@@ -67,13 +79,52 @@ def _strip_docstrings(tree):
     return tree
 
 
+def _python(source):
+    """The source as Python: without a first line `%%ranks ...` (the rest runs as Python on the ranks)."""
+    return source.split("\n", 1)[1] if source.startswith("%%ranks") and "\n" in source else source
+
+
+def ipython_syntax(source):
+    """The first line that IPython reads otherwise than Python does (a magic, `!cmd`, `obj?`), or None.
+
+    The scan reads Python; such a line runs in the kernel but hides from it (`_ = %pwd` made a whole cell
+    unreadable, so that nothing in it counted)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    python = _python(source)
+    transformed = TransformerManager().transform_cell(python)
+    if transformed.rstrip() == python.rstrip():
+        return None
+    pairs = zip(python.splitlines(), transformed.splitlines())
+    return next((mine for mine, theirs in pairs if mine != theirs), python.strip().splitlines()[0])
+
+
 def _tree(source):
-    # IPython magics and shell lines are not Python; the kernel runs them, and no answer needs them.
-    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
     try:
-        return _strip_docstrings(ast.parse("\n".join(lines)))
+        return _strip_docstrings(ast.parse(_python(source)))
     except SyntaxError:
         return None
+
+
+def by_computed_name(source):
+    """`getattr` with an attribute name not written as a string, or a `__dict__` read (not `in`), else None.
+
+    setattr and delattr by computed names are fine: they cannot fetch a library function (lab 08 needs them)."""
+    tree = _tree(source)
+    nodes = list(ast.walk(tree)) if tree else []
+    fine = set()
+    for node in nodes:
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            fine.add(id(node.func))  # getattr(obj, "name"): the name is in the source
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            fine.update(id(c) for c in node.comparators)  # `attr in obj.__dict__` reads no attribute
+    for node in nodes:
+        if isinstance(node, ast.Name) and node.id == "getattr" and id(node) not in fine:
+            return "getattr"
+        if isinstance(node, ast.Attribute) and node.attr == "__dict__" and id(node) not in fine:
+            return "__dict__"
+    return None
 
 
 def _found(name, bare, attrs, dotted):
@@ -106,4 +157,12 @@ def refusal(source, forbidden):
     if used:
         return (f"uses `{used}`, which hides what the answer runs or reaches into the grader: 0 points "
                 "(call the functions you need directly)")
+    used = by_computed_name(source)
+    if used:
+        return (f"uses `{used}` to reach an attribute by a name computed at run time, which hides what the answer "
+                "calls: 0 points (write the attribute's name: `obj.name`)")
+    line = ipython_syntax(source) if source else None
+    if line is not None:
+        return (f"uses IPython syntax in `{line.strip()[:60]}`, which the grader does not read as Python: 0 points "
+                "(answers are plain Python; %%ranks on the first line is the one magic allowed)")
     return ""

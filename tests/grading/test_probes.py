@@ -188,3 +188,32 @@ def test_a_probe_cell_with_a_second_result_counts_for_nothing():
     assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: real["results"][0]}
     cell.outputs = [shown, shown]
     assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: {"error": FORGED}}
+
+
+@pytest.mark.parametrize("source", [
+    "import gc\ndef f(model):\n    gc.collect()\n    return model\n",
+    "def f(prof):\n    events = prof.events()\n    return len(events)\n",
+    "import inspect\ndef f(fn):\n    return inspect.signature(fn)\n",
+    "%%time\ndef add(a, b):\n    return a + b\n",
+    "%matplotlib inline\ndef add(a, b):\n    %time c = a + b\n    return c\n",
+    "%%ranks 2\nimport torch\nx = torch.ones(2)\n%timeit -n 3 x.sum()\n",
+    "def f(model, names):\n    return [getattr(model[0], name) for name in names]\n",  # chapter 08's idiom
+    "def f(module, name):\n    return module.__dict__[name]\n",
+])
+def test_honest_answers_that_look_like_the_shell_are_not_refused(source):
+    # gc.collect() before a memory reading, a profiler's events, timing magics: what students write, not attacks.
+    assert refusal(source, ()) == ""
+
+
+@pytest.mark.parametrize("source, why", [
+    ("import gc\ndef f():\n    return [o for o in gc.get_objects() if type(o).__name__ == 'ZMQInteractiveShell']\n",
+     "uses `get_objects`"),
+    ("import inspect\ndef f():\n    return inspect.currentframe().f_back\n", "uses `currentframe`"),
+    ("%%time\nimport importlib\n", "uses `importlib`"),
+    ("%time x = eval('1')\n", "uses `eval`"),
+    ("%load_ext autoreload\ndef add(a, b):\n    return a + b\n", "uses IPython syntax in `%load_ext autoreload`"),
+    ("def f(t, op):\n    return getattr(torch.distributed, op)(t)\n", "uses `getattr`"),
+    ("def f(t):\n    g = getattr\n    return g(dist, 'all_' + 'reduce')(t)\n", "uses `getattr`"),
+])
+def test_what_the_allowed_magics_run_is_read(source, why):
+    assert refusal(source, ()).startswith(why), refusal(source, ())

@@ -14,6 +14,7 @@ A name counts as Python sees it: a name, an attribute, an imported name, or a st
 theory`, the attribute chain `helpers.theory`, or that string. Comments and docstrings do not count.
 """
 import ast
+import re
 
 # Builtins and modules that run or reach code chosen at run time; `compile` and `eval` count only as bare names
 # (torch.compile and model.eval() are fine).
@@ -24,10 +25,13 @@ HIDING = ("exec", "eval", "compile", "__import__", "importlib", "import_module",
           "__getattribute__", "attrgetter", "methodcaller",
           # The kernel's shell, which reads and rewrites later cells (the probe cell and its nonce): hooks, input
           # transformers, the history; `quit._ip` and `exit._ip` are the shell too.
-          "get_ipython", "_ip", "InteractiveShell", "ipykernel", "events", "input_transformers_post",
+          "get_ipython", "_ip", "InteractiveShell", "ipykernel", "input_transformers_post",
           "input_transformers_cleanup", "ast_transformers", "displayhook", "display_pub", "In", "_ih", "Out", "_oh",
           # Frames: the probe's own locals (its nonce) and its module's globals.
-          "inspect", "_getframe", "f_back", "f_locals", "f_globals", "tb_frame", "settrace", "setprofile", "gc")
+          # Not `gc`, `inspect` or `events`, which honest answers use (gc.collect() before a memory reading, a
+          # profiler's prof.events()): the calls that reach frames and the shell through them are named instead.
+          "_getframe", "currentframe", "f_back", "f_locals", "f_globals", "tb_frame", "settrace", "setprofile",
+          "get_objects", "get_referrers", "get_referents")
 _BARE_ONLY = {"exec", "eval", "compile", "globals", "vars"}
 
 
@@ -79,9 +83,21 @@ def _strip_docstrings(tree):
     return tree
 
 
+# Magics whose body or argument is Python run as Python (the scan reads that), and one that runs none.
+_CELL_MAGICS = ("%%ranks", "%%time", "%%timeit", "%%capture")
+_LINE_MAGICS = re.compile(r"^(\s*)%(?:time|timeit(?:\s+-\w+(?:\s+\d+)?)*)\s+(.*)$")
+_NO_CODE = re.compile(r"^(\s*)%matplotlib\b.*$")
+
+
 def _python(source):
-    """The source as Python: without a first line `%%ranks ...` (the rest runs as Python on the ranks)."""
-    return source.split("\n", 1)[1] if source.startswith("%%ranks") and "\n" in source else source
+    """The source as Python: a first line `%%ranks ...` (or %%time, %%timeit, %%capture) dropped, since the rest
+    runs as Python; `%time x` and `%timeit x` read as `x`; `%matplotlib inline` as `pass`. Other magics stay, and
+    ipython_syntax() refuses them: what they run is hidden in a string."""
+    lines = source.split("\n")
+    if lines and lines[0].split(maxsplit=1)[:1] and lines[0].split(maxsplit=1)[0] in _CELL_MAGICS:
+        lines = ["# a cell magic", *lines[1:]]  # a line still: the line numbers stay
+    lines = [_NO_CODE.sub(r"\1pass", _LINE_MAGICS.sub(r"\1\2", line)) for line in lines]
+    return "\n".join(lines)
 
 
 def ipython_syntax(source):
@@ -106,23 +122,39 @@ def _tree(source):
         return None
 
 
-def by_computed_name(source):
-    """`getattr` with an attribute name not written as a string, or a `__dict__` read (not `in`), else None.
+# The modules a library function is fetched from (as the labs import them): a computed name on these hides a call.
+_LIBRARY_ROOTS = {"dist", "torch", "nn", "F", "functional", "distributed", "c10d", "helpers", "sys", "os", "builtins"}
 
-    setattr and delattr by computed names are fine: they cannot fetch a library function (lab 08 needs them)."""
+
+def _root(node):
+    """The name an expression starts from (`dist` of `dist.group.WORLD`, `model` of `model[0].weight`), or None."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def by_computed_name(source):
+    """`getattr(m, <not a string>)` or a read of `m.__dict__` (not `in`) where m is a library module (dist, torch,
+    F, ...): a library function fetched by a name the source does not spell. Also `getattr` passed around bare.
+
+    On the student's own objects both are honest idioms (chapter 08's `getattr(model[0], name)`), and so are
+    setattr and delattr by computed names (lab 08 needs them)."""
     tree = _tree(source)
     nodes = list(ast.walk(tree)) if tree else []
-    fine = set()
+    called, in_tests = set(), set()
     for node in nodes:
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
-            fine.add(id(node.func))  # getattr(obj, "name"): the name is in the source
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            called.add(id(node.func))
+            spelled = len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+            if node.args and not spelled and _root(node.args[0]) in _LIBRARY_ROOTS:
+                return "getattr"
         if isinstance(node, ast.Compare) and all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-            fine.update(id(c) for c in node.comparators)  # `attr in obj.__dict__` reads no attribute
+            in_tests.update(id(c) for c in node.comparators)  # `attr in obj.__dict__` reads no attribute
     for node in nodes:
-        if isinstance(node, ast.Name) and node.id == "getattr" and id(node) not in fine:
+        if isinstance(node, ast.Name) and node.id == "getattr" and id(node) not in called:
             return "getattr"
-        if isinstance(node, ast.Attribute) and node.attr == "__dict__" and id(node) not in fine:
+        if (isinstance(node, ast.Attribute) and node.attr == "__dict__" and id(node) not in in_tests
+                and _root(node.value) in _LIBRARY_ROOTS):
             return "__dict__"
     return None
 
@@ -164,5 +196,6 @@ def refusal(source, forbidden):
     line = ipython_syntax(source) if source else None
     if line is not None:
         return (f"uses IPython syntax in `{line.strip()[:60]}`, which the grader does not read as Python: 0 points "
-                "(answers are plain Python; %%ranks on the first line is the one magic allowed)")
+                "(answers are plain Python; the magics allowed are %%ranks, %%time, %%timeit and %%capture as a "
+                "first line, and %time, %timeit and %matplotlib)")
     return ""

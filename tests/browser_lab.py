@@ -4,6 +4,14 @@ The server runs from this venv on a free loopback port with a random token, in J
 its own (no user settings, workspaces or kernelspecs), on copies of the notebooks. Every process it
 starts (server, kernels, their ranks) carries a marker in its environment, so teardown can find them
 all, even the ones a dead parent left behind, and kill exactly those.
+
+Given a zygote (make test, which loads tests/warm_kernels.py: the socket of the pytest worker's zygote), the
+server's "python3" kernels are forks of it, as nbval's are: a kernel started the usual way costs ~4 s of CPU (an
+interpreter importing torch and ipykernel) and ~6 s more at its first launch (the forkserver, a second interpreter
+importing torch and torch._dynamo); forked, well under one. A forked kernel's /proc environment is the zygote's,
+without the marker, so teardown also finds processes by their working directory, the notebooks' root (the
+kernels start there and their ranks inherit it). The usual start-up path is tests/test_kernel.py's, and this
+file's run without the plugin.
 """
 import json
 import os
@@ -18,6 +26,8 @@ import time
 import urllib.request
 
 import nbformat
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Settings a person would also choose: no news or update pop-ups; every cell in the DOM (the default
 # "contentVisibility" windowing leaves far-away cells unrendered, which hides outputs from the page).
@@ -78,8 +88,8 @@ def copy_clean(notebook, dest_dir, through=None):
 class Lab:
     """`jupyter lab` serving root_dir; state (config, data, runtime, settings) lives under home."""
 
-    def __init__(self, root_dir, home):
-        self.root_dir, self.home = pathlib.Path(root_dir), pathlib.Path(home)
+    def __init__(self, root_dir, home, zygote=None):
+        self.root_dir, self.home, self.zygote = pathlib.Path(root_dir), pathlib.Path(home), zygote
         self.port, self.token = free_port(), secrets.token_hex(16)
         self.marker = f"dp-course-browser-{secrets.token_hex(8)}"
         self.url = f"http://127.0.0.1:{self.port}"
@@ -99,6 +109,8 @@ class Lab:
                    JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
                    IPYTHONDIR=str(self.home / "ipython"),
                    DP_COURSE_BROWSER_TEST=self.marker)
+        if self.zygote:
+            env.update(self._warm_kernels(config))
         env.pop("JUPYTERLAB_SETTINGS_DIR", None)
         env.pop("JUPYTERLAB_WORKSPACES_DIR", None)
         cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
@@ -124,6 +136,25 @@ class Lab:
             except OSError:
                 time.sleep(0.25)
         raise RuntimeError(f"jupyter lab did not answer within {timeout:.0f} s:\n{self.log_text()}")
+
+    def _warm_kernels(self, config):
+        """The python3 kernelspec with the zygote's provisioner and the server config that registers it; the
+        server's environment variables that point it at the zygote."""
+        from tests.warm_kernels import PROVISIONER, SOCKET_ENV
+
+        # On JUPYTER_PATH, which comes before the venv's own python3 (in a venv, jupyter_core puts the venv's
+        # directories before JUPYTER_DATA_DIR: a spec there was ignored, and the kernels started the usual way).
+        spec = self.home / "kernelspecs" / "kernels" / "python3"
+        spec.mkdir(parents=True, exist_ok=True)
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python 3 (ipykernel)", "language": "python",  # as ipykernel's own, on the page
+            "metadata": {"kernel_provisioner": {"provisioner_name": PROVISIONER}}}))
+        (config / "jupyter_server_config.py").write_text(  # the server runs it at start
+            f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+            "from tests import warm_kernels\nwarm_kernels.register_provisioner()\n")
+        jupyter_path = os.pathsep.join(p for p in (str(self.home / "kernelspecs"), os.environ.get("JUPYTER_PATH")) if p)
+        return {SOCKET_ENV: self.zygote, "JUPYTER_PATH": jupyter_path}
 
     def api(self, path):
         return f"{self.url}/api/{path}?token={self.token}"
@@ -152,7 +183,7 @@ class Lab:
                 continue
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle not in f.read().split(b"\0"):
+                    if needle not in f.read().split(b"\0") and not self._works_here(entry):
                         continue
                 with open(f"/proc/{entry}/stat") as f:
                     if f.read().rsplit(")", 1)[1].split()[0] == "Z":
@@ -161,6 +192,13 @@ class Lab:
                 continue
             found.append(int(entry))
         return found
+
+    def _works_here(self, pid):
+        """Whether the process's working directory is the notebooks' root (a kernel forked by the zygote)."""
+        try:
+            return self.zygote and pathlib.Path(os.readlink(f"/proc/{pid}/cwd")) == self.root_dir.resolve()
+        except OSError:
+            return False
 
     def stop(self, timeout=15.0):
         """SIGTERM the server's group (it shuts its kernels down), then SIGKILL whatever carries the

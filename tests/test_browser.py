@@ -26,6 +26,7 @@ from tests.browser_lab import (
     run_all_cells,
     wait_until_run,
 )
+from tests.warm_kernels import WARM_KERNEL, kernel_name, zygote
 
 CHROMIUM = os.environ.get("DP_COURSE_CHROMIUM", "/usr/bin/chromium")
 if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
@@ -54,7 +55,9 @@ def lab(tmp_path_factory):
     copy_clean(CHAPTER_00, root, through="%%ranks")
     copy_clean(APPENDIX, root, through="from helpers.widgets import MemoryCalculator")
     feedback_notebook(root / FEEDBACK)
-    server = Lab(root, tmp_path_factory.mktemp("jupyter"))
+    # make test: the kernels are forks of this worker's zygote (tests/warm_kernels.py), not started anew
+    warm = zygote().path if kernel_name() == WARM_KERNEL else None
+    server = Lab(root, tmp_path_factory.mktemp("jupyter"), zygote=warm)
     try:
         yield server.start()
     finally:

@@ -8,8 +8,9 @@ forkserver a fork of the kernel before its threads start (helpers.launcher.forks
 
 How it plugs in: a kernelspec WARM_KERNEL (argv as python3's) whose jupyter_client kernel provisioner,
 WarmProvisioner, is LocalProvisioner with the Popen replaced by ZygoteProcess, which has Popen's methods. nbval
-(--nbval-kernel-name in the Makefile) and tests/test_labs.py (papermill, kernel_name()) use it; the tests of
-the real start-up path (tests/test_kernel.py, the browser test, make lab, the grader's sandboxed kernels) do not.
+(--nbval-kernel-name in the Makefile) and tests/test_labs.py (papermill, kernel_name()) use it, and the browser
+test's JupyterLab (its python3 kernelspec names the provisioner: tests/browser_lab.py); the tests of the real
+start-up path (tests/test_kernel.py, make lab, the grader's sandboxed kernels) do not.
 """
 import atexit
 import json
@@ -37,6 +38,7 @@ sys.modules.setdefault("rfc3987_syntax", None)
 WARM_KERNEL = "python3-warm"
 PROVISIONER = "dp-course-zygote"
 ZYGOTE = pathlib.Path(__file__).with_name("kernel_zygote.py")
+SOCKET_ENV = "DP_COURSE_ZYGOTE_SOCKET"  # set: fork kernels from the zygote listening there, start none
 START_TIMEOUT_S = 120.0  # the zygote imports torch: ~6 s alone, much longer next to a busy test worker
 
 
@@ -85,9 +87,16 @@ class ZygoteProcess:
 
 
 class Zygote:
-    """The pytest worker's zygote process: started once, ended when the worker exits (its stdin closes)."""
+    """The pytest worker's zygote process: started once, ended when the worker exits (its stdin closes).
 
-    def __init__(self):
+    Given the socket of a running zygote instead, a client of that one: how the browser test's JupyterLab server
+    (another process, SOCKET_ENV in its environment) starts its kernels from the worker's zygote.
+    """
+
+    def __init__(self, path=None):
+        if path:
+            self.dir, self.path, self.process = None, path, None
+            return
         self.dir = tempfile.mkdtemp(prefix="dp-zygote-", dir="/tmp")  # short: AF_UNIX paths hold ~107 bytes
         self.path = os.path.join(self.dir, "socket")
         self.process = subprocess.Popen([sys.executable, str(ZYGOTE), self.path], stdin=subprocess.PIPE,
@@ -97,7 +106,7 @@ class Zygote:
     def connect(self):
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            if self.process.poll() is not None:
+            if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"the kernel zygote exited with code {self.process.returncode}: see its stderr")
             try:
                 conn = socket.socket(socket.AF_UNIX)
@@ -127,7 +136,7 @@ class Zygote:
         return ZygoteProcess(conn, json.loads(reply.split(b"\n")[0])["pid"])
 
     def stop(self):
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.stdin.close()
             try:
                 self.process.wait(timeout=10)
@@ -143,7 +152,7 @@ def zygote():
     global _zygote
     with _lock:
         if _zygote is None:
-            _zygote = Zygote()
+            _zygote = Zygote(os.environ.get(SOCKET_ENV))
         return _zygote
 
 

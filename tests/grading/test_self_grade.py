@@ -24,12 +24,19 @@ FORGED_10_3 = ("import torch, helpers.grading.probe_runtime as pr\n"
 
 
 def _forger(lab, path):
-    """The solution, but 10.3's answer replaced by the forgery (the released lab's metadata says which cell)."""
-    released = nbformat.read(grading.lab_notebook(ROOT / "labs", lab), as_version=4)
-    nb = nbformat.read(grading.lab_notebook(ROOT / "solutions", lab), as_version=4)
-    for cell, mine in zip(released.cells, nb.cells):
-        if "10.3" in cell.get("metadata", {}).get("dp_course", {}).get("answers", []):
-            mine.source = FORGED_10_3
+    """The released lab with the solution's 10.1 and the forgery as 10.3 (the lab's metadata says which cells).
+
+    10.2 stays a TODO: the assertions need one honest answer scored as the solution's (10.1, before the forgery
+    patches anything) and the forged one scored 0; a third answer only cost its probe and its training run (the
+    whole solution as forger: one more full run of the lab, the test's most expensive grading)."""
+    nb = nbformat.read(grading.lab_notebook(ROOT / "labs", lab), as_version=4)
+    solution = nbformat.read(grading.lab_notebook(ROOT / "solutions", lab), as_version=4)
+    for cell, theirs in zip(nb.cells, solution.cells):
+        answers = cell.get("metadata", {}).get("dp_course", {}).get("answers", [])
+        if "10.1" in answers:
+            cell.source = theirs.source
+        elif "10.3" in answers:
+            cell.source = FORGED_10_3
     nbformat.write(nb, path)
 
 
@@ -50,6 +57,7 @@ def test_solution_full_marks_student_version_zero(lab, tmp_path):
     assert rows["student"]["total"] == "0", rows["student"]
     if lab == "10":
         assert rows["forger"]["10.3"] == "0" and rows["forger"]["10.1"] == rows["solution"]["10.1"], rows["forger"]
+        assert float(rows["forger"]["10.1"]) > 0, rows["forger"]
         assert rows["solution"]["10.4 (by hand)"] == "" and rows["solution"]["by_hand"] == "pending"
         _hand_grade(tmp_path, submissions)
 

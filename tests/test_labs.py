@@ -48,7 +48,7 @@ def with_probes(path, seeds):
             nonce = secrets.token_hex(8)
             mine = [p for p in probes if p.question == question]
             again = nbformat.v4.new_code_cell(probe_source(question, setup, mine, nonce, seed))
-            again.metadata["dp_course_kind"] = "probe"
+            again.metadata.update(dp_course_kind="probe", dp_course_question=question)
             notebook.cells.insert(index + 1, again)
             calls.append((question, nonce))
     return notebook, probes, calls

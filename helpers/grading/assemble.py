@@ -74,7 +74,7 @@ def assemble(released, submission, setup, probes, seed):
                 copy.source = source
         copy.metadata["dp_course_kind"] = "answer" if questions else "check" if _is_check(cell) else "lab"
         graded.cells.append(copy)
-        for question in (q for q in questions if last_cell[q] == index):
+        for question in dict.fromkeys(q for q in questions if last_cell[q] == index):  # a cell may hold 2 regions
             mine = [p for p in probes if p.question == question]
             if mine:
                 nonces[question] = secrets.token_hex(8)
@@ -97,6 +97,8 @@ def probe_values(graded, question, nonce):
     for cell in graded.cells:
         if cell.metadata.get("dp_course_kind") != "probe" or cell.metadata.get("dp_course_question") != question:
             continue
+        if f"{nonce!r}" not in cell.source:
+            continue  # another probe cell of the question (tests/test_labs.py runs one per secret seed)
         shown = [_results(o["data"][PROBE_MIMETYPE]) for o in cell.get("outputs", [])
                  if PROBE_MIMETYPE in o.get("data", {})]
         if len(shown) == 1 and shown[0][:2] == (question, nonce):

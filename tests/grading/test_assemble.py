@@ -48,3 +48,12 @@ def test_a_missing_answer_cell_is_reported():
     submission = lab(("def f():\n    return 1", ["1.1"]))
     _, _, missing = assemble(RELEASED, submission, "", PROBES, 0)
     assert "1.2" in missing
+
+
+def test_a_cell_with_two_regions_of_one_question_is_probed_once():
+    # Lab 04's Bucket holds two regions of 4.2 in one cell: its probes ran twice, and the first cell's result, under
+    # another nonce, read as a forgery.
+    released = lab(("class B:\n    def a(self):\n        raise NotImplementedError\n"
+                    "    def b(self):\n        raise NotImplementedError", ["1.1", "1.1"]))
+    graded, nonces, _ = assemble(released, released, "", PROBES[:1], 0)
+    assert kinds(graded) == ["answer", "probe"] and repr(nonces["1.1"]) in graded.cells[-1].source

@@ -71,10 +71,11 @@ needs_sandbox = pytest.mark.skipif(not FENCES.sandbox,
                                    reason="no bubblewrap sandbox here: " + "; ".join(FENCES.missing()))
 
 
-# A hung cell burns a core for its whole limit (infinite_loop; ignores_sigint for the grace too), so the limit is
-# as low as the class's slowest honest cell allows, with 2.5x to spare: deadlock_in_ranks' launch reporting its
-# deadlock (1.8 s on the 2-core machine at load 17), the 3-rank probe (0.7 s), the huge output (0.6 s). No cell
-# waits for the forkserver's torch import (helpers.launcher.kernel starts it with the kernel).
+# A hung cell holds its student for its whole limit (infinite_loop burns a core meanwhile; ignores_sigint sleeps
+# through the grace too), so the limit is as low as the class's slowest honest cell allows, with 2.5x to spare:
+# deadlock_in_ranks' launch reporting its deadlock (1.8 s on the 2-core machine at load 17), the 3-rank probe
+# (0.7 s), the huge output (0.6 s). No cell waits for the forkserver's torch import (helpers.launcher.kernel starts
+# it with the kernel).
 HUNG_CELL_S = 5.0
 # An honest kernel idles at 15 tasks and peaks at 30-40 in the 3-rank probe (pids.current of its cgroup). The fork
 # bomb's copies of a torch kernel fork slowly (~10 a second at load 10-17, gVisor), so it took 14 s to reach 256,
@@ -82,7 +83,7 @@ HUNG_CELL_S = 5.0
 # reaches in 4-5 s.
 MAX_TASKS = 64
 # After the interrupt, before the kill: the bomb must meet the task limit within HUNG_CELL_S + GRACE_S, and the
-# infinite loop take its interrupt. ignores_sigint burns the grace too: 3 s more than the grader's default buys
+# infinite loop take its interrupt. ignores_sigint waits out the grace too: 3 s more than the grader's default buys
 # the bomb a 2.5x margin.
 GRACE_S = 8.0
 

@@ -280,14 +280,15 @@ def test_a_helper_outside_the_answer_cells_is_named_in_the_feedback(graded):
 
 @pytest.fixture(scope="module")
 def two_students(graded):
-    """A copy of the class's OUT for two of its students, to resume and re-grade without grading anew."""
+    """A copy of the class's OUT for two of its students (and the unreadable notebook), to resume and re-grade
+    without grading anew."""
     root, out, _, _, _ = graded
     subs, out2 = root / "two", root / "out2"
     subs.mkdir()
     for sub in ("results", "executed", "feedback", "logs"):
         (out2 / sub).mkdir(parents=True)
     shutil.copy(out / "state.json", out2)
-    for student in ("correct", "partly"):
+    for student in ("correct", "partly", "garbage"):
         shutil.copy(root / "submissions" / f"{student}.ipynb", subs)
         shutil.copy(out / "results" / f"{student}.json", out2 / "results")
     return root, subs, out2
@@ -316,11 +317,13 @@ def test_resume_grades_only_missing_and_failed_students(two_students):
 
 
 def test_only_regrades_the_named_student(two_students):
+    # The named student is the unreadable notebook: its grading starts no kernel (~5 CPU-s for partly's).
     root, subs, out = two_students
-    before = os.stat(out / "results" / "correct.json").st_mtime_ns
+    before = {s: os.stat(out / "results" / f"{s}.json").st_mtime_ns for s in ("correct", "garbage")}
     options = dict(probes_dir=root / "probes", labs_dir=root / "labs", solutions_dir=root / "solutions")
-    grading.grade("97", subs, out, only=["partly"], **options)
-    assert os.stat(out / "results" / "correct.json").st_mtime_ns == before
+    grading.grade("97", subs, out, only=["garbage"], **options)
+    assert os.stat(out / "results" / "correct.json").st_mtime_ns == before["correct"]
+    assert os.stat(out / "results" / "garbage.json").st_mtime_ns != before["garbage"], "the named one is graded"
     with pytest.raises(grading.GradingError, match="--only nobody: no such submission; students: correct, "):
         grading.grade("97", subs, out, only=["nobody"], **options)
 

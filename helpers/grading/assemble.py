@@ -3,7 +3,8 @@
 Only answer cells (tagged by `make labs` with the questions they answer) come from the submission;
 every other cell comes from the released lab, so editing a check cell changes nothing. After each
 answer cell, a probe cell evaluates that question's hidden tests and displays their values as JSON.
-Public check cells are kept but not run: they only report, and they cost time.
+Public check cells are kept but not run: they only report, and they cost time. So are the lab's cells after its
+last answer ("after"): no probe follows them, so they cannot change a mark (lab 10's closing training run: ~3 s).
 """
 import hashlib
 import json
@@ -63,6 +64,7 @@ def assemble(released, submission, setup, probes, seed):
     nonces, missing = {}, []
     # A question may span several answer cells (two functions): probe it once, after its last one.
     last_cell = {q: i for i, cell in enumerate(released.cells) for q in answer_questions(cell)}
+    last_answer = max(last_cell.values(), default=len(released.cells))
     for index, cell in enumerate(released.cells):
         questions = answer_questions(cell)
         copy = nbformat.from_dict(json.loads(json.dumps(cell)))
@@ -72,7 +74,8 @@ def assemble(released, submission, setup, probes, seed):
                 missing += questions
             else:
                 copy.source = source
-        copy.metadata["dp_course_kind"] = "answer" if questions else "check" if _is_check(cell) else "lab"
+        copy.metadata["dp_course_kind"] = ("answer" if questions else "check" if _is_check(cell)
+                                           else "after" if index > last_answer else "lab")
         graded.cells.append(copy)
         for question in dict.fromkeys(q for q in questions if last_cell[q] == index):  # a cell may hold 2 regions
             mine = [p for p in probes if p.question == question]

@@ -249,8 +249,9 @@ def _run_from(kernel, notebook, start, never_replay, deadline, result):
 
 
 def _graded_code(cell):
-    """A cell the grader runs (check cells only print the public checks' report)."""
-    return cell.cell_type == "code" and _kind(cell) != "check"
+    """A cell the grader runs (check cells only print the public checks' report; the lab's cells after its last
+    answer cannot change a mark: helpers.grading.assemble)."""
+    return cell.cell_type == "code" and _kind(cell) not in ("check", "after")
 
 
 _LOST = {"timeout": "it ran past its time limit and ignored the interrupt, so its kernel was killed",

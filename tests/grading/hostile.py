@@ -45,8 +45,11 @@ for path in found:
                 exec("".join(cell["source"]))
 '''
 
-# Ignore the interrupt, then loop: only killing the kernel stops it.
-IGNORE_SIGINT = lab.ADD + "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
+# Ignore the interrupt, then loop: only killing the kernel stops it. The loop sleeps: the grader sees the same
+# busy kernel deaf to its interrupt, and no core burns for the limit and the grace (13 CPU-s a run); the class's
+# infinite_loop is the one that spins.
+IGNORE_SIGINT = lab.ADD + ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
+                           "    time.sleep(0.1)\n")
 
 FORK_BOMB = "import os\nwhile True:\n    os.fork()\n"
 

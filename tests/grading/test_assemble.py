@@ -2,6 +2,7 @@
 import nbformat
 
 from helpers.grading.assemble import assemble
+from helpers.grading.execute import _graded_code
 from helpers.grading.probes import Probe
 
 
@@ -57,3 +58,12 @@ def test_a_cell_with_two_regions_of_one_question_is_probed_once():
                     "    def b(self):\n        raise NotImplementedError", ["1.1", "1.1"]))
     graded, nonces, _ = assemble(released, released, "", PROBES[:1], 0)
     assert kinds(graded) == ["answer", "probe"] and repr(nonces["1.1"]) in graded.cells[-1].source
+
+
+def test_lab_cells_after_the_last_answer_are_not_graded():
+    # They run after every probe (lab 10's closing training run, ~3 s): the grader skips them, checks too.
+    released = lab(("import torch", []), ("def f():\n    raise NotImplementedError", ["1.1"]),
+                   ("check('1.1', globals())", []), ("f()  # the lab's closing run", []))
+    graded, _, _ = assemble(released, released, "", PROBES[:1], 0)
+    assert kinds(graded) == ["lab", "answer", "probe", "check", "after"]
+    assert [_graded_code(c) for c in graded.cells] == [True, True, True, False, False]

@@ -71,10 +71,11 @@ needs_sandbox = pytest.mark.skipif(not FENCES.sandbox,
                                    reason="no bubblewrap sandbox here: " + "; ".join(FENCES.missing()))
 
 
-# A hung cell burns a core for its whole limit (infinite_loop; ignores_sigint for the grace too), so the limit is
-# as low as the class's slowest honest cell allows, with 2.5x to spare: deadlock_in_ranks' launch reporting its
-# deadlock (1.8 s on the 2-core machine at load 17), the 3-rank probe (0.7 s), the huge output (0.6 s). No cell
-# waits for the forkserver's torch import (helpers.launcher.kernel starts it with the kernel).
+# A hung cell holds its student for its whole limit (infinite_loop burns a core meanwhile; ignores_sigint sleeps
+# through the grace too), so the limit is as low as the class's slowest honest cell allows, with 2.5x to spare:
+# deadlock_in_ranks' launch reporting its deadlock (1.8 s on the 2-core machine at load 17), the 3-rank probe
+# (0.7 s), the huge output (0.6 s). No cell waits for the forkserver's torch import (helpers.launcher.kernel starts
+# it with the kernel).
 HUNG_CELL_S = 5.0
 # An honest kernel idles at 15 tasks and peaks at 30-40 in the 3-rank probe (pids.current of its cgroup). The fork
 # bomb's copies of a torch kernel fork slowly (~10 a second at load 10-17, gVisor), so it took 14 s to reach 256,
@@ -82,7 +83,7 @@ HUNG_CELL_S = 5.0
 # reaches in 4-5 s.
 MAX_TASKS = 64
 # After the interrupt, before the kill: the bomb must meet the task limit within HUNG_CELL_S + GRACE_S, and the
-# infinite loop take its interrupt. ignores_sigint burns the grace too: 3 s more than the grader's default buys
+# infinite loop take its interrupt. ignores_sigint waits out the grace too: 3 s more than the grader's default buys
 # the bomb a 2.5x margin.
 GRACE_S = 8.0
 
@@ -279,14 +280,15 @@ def test_a_helper_outside_the_answer_cells_is_named_in_the_feedback(graded):
 
 @pytest.fixture(scope="module")
 def two_students(graded):
-    """A copy of the class's OUT for two of its students, to resume and re-grade without grading anew."""
+    """A copy of the class's OUT for two of its students (and the unreadable notebook), to resume and re-grade
+    without grading anew."""
     root, out, _, _, _ = graded
     subs, out2 = root / "two", root / "out2"
     subs.mkdir()
     for sub in ("results", "executed", "feedback", "logs"):
         (out2 / sub).mkdir(parents=True)
     shutil.copy(out / "state.json", out2)
-    for student in ("correct", "partly"):
+    for student in ("correct", "partly", "garbage"):
         shutil.copy(root / "submissions" / f"{student}.ipynb", subs)
         shutil.copy(out / "results" / f"{student}.json", out2 / "results")
     return root, subs, out2
@@ -315,11 +317,13 @@ def test_resume_grades_only_missing_and_failed_students(two_students):
 
 
 def test_only_regrades_the_named_student(two_students):
+    # The named student is the unreadable notebook: its grading starts no kernel (~5 CPU-s for partly's).
     root, subs, out = two_students
-    before = os.stat(out / "results" / "correct.json").st_mtime_ns
+    before = {s: os.stat(out / "results" / f"{s}.json").st_mtime_ns for s in ("correct", "garbage")}
     options = dict(probes_dir=root / "probes", labs_dir=root / "labs", solutions_dir=root / "solutions")
-    grading.grade("97", subs, out, only=["partly"], **options)
-    assert os.stat(out / "results" / "correct.json").st_mtime_ns == before
+    grading.grade("97", subs, out, only=["garbage"], **options)
+    assert os.stat(out / "results" / "correct.json").st_mtime_ns == before["correct"]
+    assert os.stat(out / "results" / "garbage.json").st_mtime_ns != before["garbage"], "the named one is graded"
     with pytest.raises(grading.GradingError, match="--only nobody: no such submission; students: correct, "):
         grading.grade("97", subs, out, only=["nobody"], **options)
 

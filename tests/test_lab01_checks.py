@@ -1,4 +1,8 @@
-"""Lab 01's public checks: the solution passes them, realistic wrong answers fail with a useful message."""
+"""Lab 01's public checks: realistic wrong answers fail with a useful message.
+
+The solution passes every check: tests/test_labs.py runs the solution notebook and asserts each check() result
+(this file ran the same checks on the solution's definitions to assert the same).
+"""
 import sys
 
 import cloudpickle
@@ -36,13 +40,6 @@ def with_answer(solution, **answers):
 
 
 # ------------------------------------------------------------------------------------------------ the solution
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("question", ["1.1", "1.2", "1.3"])
-def test_solution_passes_every_check(solution, question):
-    for name, fn in checks_for(question):
-        assert run_one(fn, solution) == ("passed", ""), name
-
-
 @pytest.mark.timeout(120)
 def test_last_check_follows_the_notebook_parameters(solution):
     namespace = with_answer(solution, SHARD_SIZES=[1, 9, 3, 6], STEPS=2)

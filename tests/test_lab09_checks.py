@@ -1,11 +1,14 @@
-"""Lab 09's public checks: the solution passes them; realistic wrong answers fail, saying why."""
+"""Lab 09's public checks: realistic wrong answers fail, saying why.
+
+The solution passes every check: tests/test_labs.py runs the solution notebook and asserts each check() result
+(this file ran the same checks on the solution's definitions to assert the same).
+"""
 import sys
 
 import cloudpickle
 import nbformat
 import pytest
 
-from helpers.grading import check
 from helpers.grading.checks.lab09.common import FP32_ADAM, make_net, num_params
 from helpers.grading.checks.lab09.q1_choose_strategy import CHOOSE_CASES, cheapest_strategy_that_fits
 from helpers.grading.checks.lab09.q2_apply_strategy import ddp_zero2_and_fsdp_on_a_1d_mesh
@@ -29,13 +32,6 @@ def fails_with(check_fn, ns, fragment):
     with pytest.raises(AssertionError) as info:
         check_fn(ns)
     assert fragment in str(info.value), str(info.value)
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("question", ["9.1", "9.2", "9.3"])
-def test_solution_passes(question):
-    result = check(question, solution_namespace())
-    assert result.total > 0 and result.passed == result.total, result.lines
 
 
 def test_recorded_choices_are_the_solutions():

@@ -1,7 +1,10 @@
-"""Lab 10's public checks: the solution passes every one; the student version reports "not implemented"; the GPT's
+"""Lab 10's public checks: there are as many as the lab says; the student version reports "not implemented"; the GPT's
 adaptations for FlatShard (the tied head, the tuple output) hold; the hidden tests are stable on the solution.
 
 Wrong answers, each with the first line it must get, are in the mistake catalogue (tests/mistakes/lab10.py).
+
+The solution passes every check: tests/test_labs.py runs the solution notebook and asserts each check() result
+(this file ran the same checks on the solution's definitions to assert the same).
 """
 import sys
 
@@ -10,6 +13,7 @@ import pytest
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
+from helpers.grading.registry import checks_for
 from tests import lab_solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
@@ -24,11 +28,9 @@ def solution_namespace(override=""):
     return lab_solution.definitions(SOLUTION, override)
 
 
-@pytest.mark.timeout(180)
 @pytest.mark.parametrize("question", QUESTIONS)
-def test_solution_passes(question):
-    result = check(question, solution_namespace())
-    assert result.total == QUESTIONS[question] and result.passed == result.total, result.lines
+def test_every_question_has_its_number_of_checks(question):
+    assert len(checks_for(question)) == QUESTIONS[question]
 
 
 def test_todo_reports_not_implemented_without_starting_ranks():

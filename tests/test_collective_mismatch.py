@@ -5,12 +5,17 @@ import subprocess
 import sys
 import time
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
 
 from helpers import CollectiveHang, CollectiveMismatch, LaunchError, RankFailed, launch
 from helpers.launcher.magic import parse_line, ranks
+
+# The rank functions below travel by value: by reference every rank would import this module, and pytest with it
+# (0.2 CPU-s a rank, in every launch).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,4 +1,8 @@
-"""Lab 04's public checks: the solution passes them, realistic wrong answers fail with a useful message."""
+"""Lab 04's public checks: realistic wrong answers fail with a useful message.
+
+The solution passes every check: tests/test_labs.py runs the solution notebook and asserts each check() result
+(this file ran the same checks on the solution's definitions to assert the same).
+"""
 import sys
 
 import cloudpickle
@@ -7,7 +11,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers.grading import check
 from helpers.grading.checks.lab04 import common as lab04
 from helpers.grading.checks.lab04 import q1_assign_buckets
 from helpers.grading.labgen import ROOT
@@ -40,13 +43,6 @@ def test_torch_gives_the_recorded_buckets():
     cases = q1_assign_buckets._assignment_cases()
     assert {label: lab04.torch_buckets(params, cap) for label, params, cap in cases} == TORCH_BUCKETS
     assert lab04.torch_buckets(list(lab04.make_model(0).parameters()), lab04.CAP_BYTES) == lab04.MLP_BUCKETS
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("question", ["4.1", "4.2", "4.3", "4.4", "4.5"])
-def test_solution_passes(question):
-    result = check(question, solution_namespace())
-    assert result.total > 0 and result.passed == result.total, result.lines
 
 
 # --- 4.1 -------------------------------------------------------------------------------------------

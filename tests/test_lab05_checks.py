@@ -1,4 +1,8 @@
-"""Lab 05's public checks: the solution passes them, realistic wrong answers fail with a useful message."""
+"""Lab 05's public checks: realistic wrong answers fail with a useful message.
+
+The solution passes every check: tests/test_labs.py runs the solution notebook and asserts each check() result
+(this file ran the same checks on the solution's namespace to assert the same).
+"""
 import contextlib
 import sys
 
@@ -37,13 +41,6 @@ def with_answer(solution, **answers):
 
 
 # ------------------------------------------------------------------------------------------------ the solution
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("question", ["5.1", "5.2", "5.3"])
-def test_solution_passes_every_check(solution, question):
-    for name, fn in checks_for(question):
-        assert run_one(fn, solution) == ("passed", ""), name
-
-
 @pytest.mark.timeout(120)
 def test_last_check_follows_the_notebook_parameters(solution):
     namespace = with_answer(solution, WORLD_SIZE=2, GLOBAL_BATCH=14, MICRO_BATCH_SIZE=5, STEPS=2)

@@ -1,4 +1,8 @@
-"""Lab 08's public checks: the solution passes every one; realistic wrong answers fail, saying why."""
+"""Lab 08's public checks: there are as many as the lab says; realistic wrong answers fail, saying why.
+
+The solution passes every check: tests/test_labs.py runs the solution notebook and asserts each check() result
+(this file ran the same checks on the solution's answers to assert the same).
+"""
 import sys
 import textwrap
 
@@ -7,6 +11,7 @@ import pytest
 
 from helpers.grading import check
 from helpers.grading.labgen import ROOT
+from helpers.grading.registry import checks_for
 from tests import lab_solution
 from tests.lab_solution import assert_fails, failed
 
@@ -24,11 +29,9 @@ def solution_namespace(override=""):
     return lab_solution.namespace(SOLUTION, wanted, override)
 
 
-@pytest.mark.timeout(180)
 @pytest.mark.parametrize("question", sorted(TOTALS))
-def test_solution_passes(question):
-    result = check(question, solution_namespace())
-    assert result.total == TOTALS[question] and result.passed == result.total, result.lines
+def test_every_question_has_its_number_of_checks(question):
+    assert len(checks_for(question)) == TOTALS[question]
 
 
 # Each wrong answer redefines one piece of the solution (a method is attached again to FlatShard); the solution's

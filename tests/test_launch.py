@@ -6,12 +6,17 @@ import sys
 import threading
 import time
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
 
 from helpers import CollectiveHang, LaunchError, RankFailed, launch
 from tests.processes import forkserver_children, open_fds
+
+# The rank functions below travel by value: by reference every rank would import this module, and pytest with it
+# (0.16 CPU-s a rank, in every launch).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(60)
 # For the scripts these tests start: their forkserver preloads no torch._dynamo, which no rank here uses (3 CPU-s

@@ -1,9 +1,16 @@
 """helpers.launcher.collective_text: how a crash report names the group a rank's collective runs in."""
+import sys
+
+import cloudpickle
 import pytest
 import torch.distributed as dist
 
 from helpers import launch
 from helpers.launcher.collective_text import _group_text
+
+# Rank functions travel by value: by reference every rank would import this module, and pytest with it
+# (0.16-0.2 CPU-s a rank, in every launch).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,8 +15,10 @@ import torch.nn as nn
 from helpers.comm import CommLedger, CommRecord, wire_bytes
 from helpers.launch import launch
 
-# Ranks run through the project's launcher (helpers.launch); worker functions live at module level,
-# so launch() ships them by reference and every rank imports this file.
+# Rank functions travel by value: by reference every rank would import this module, and pytest with it
+# (0.16-0.2 CPU-s a rank, in every launch).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 HANG_S = 30.0  # launch's hang watchdog; the pytest timeouts below leave room for it to report first
 
 

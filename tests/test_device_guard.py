@@ -2,7 +2,9 @@
 pass."""
 import os
 import re
+import sys
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,6 +15,10 @@ from helpers import RankFailed, launch
 from helpers.backend import rank_device
 from helpers.launcher import device_guard
 from helpers.launcher.device_guard import SENTINEL, Guard, is_host, scan_source
+
+# Rank functions travel by value: by reference every rank would import this module, and pytest with it
+# (0.16-0.2 CPU-s a rank, in every launch).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 HANG_S = 30.0
 

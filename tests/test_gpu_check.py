@@ -5,11 +5,16 @@ import re
 import subprocess
 import sys
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
 
 from helpers import launch
+
+# Rank functions travel by value: by reference every rank would import this module, and pytest with it
+# (0.16-0.2 CPU-s a rank, in every launch).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")

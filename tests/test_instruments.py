@@ -1,4 +1,7 @@
 """The issue's acceptance checks across instruments: one DDP step and one FSDP2 step on 4 ranks."""
+import sys
+
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
@@ -7,6 +10,10 @@ from torch import nn
 from helpers import launch
 from helpers.comm import CommLedger
 from helpers.memory import state_bytes
+
+# Rank functions travel by value: by reference every rank would import this module, and pytest with it
+# (0.16-0.2 CPU-s a rank, in every launch).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N = 4
 

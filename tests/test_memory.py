@@ -1,13 +1,19 @@
 """helpers.memory: storage-exact state counting and peak process memory."""
 import os
+import sys
 import time
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from helpers.memory import choose_method, local_tensor, peak_memory, state_bytes
+
+# Rank functions travel by value: by reference every rank would import this module, and pytest with it
+# (0.16-0.2 CPU-s a rank, in every launch).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MB = 10**6
 LINEAR_BYTES = (100 * 50 + 50) * 4  # nn.Linear(100, 50) in fp32

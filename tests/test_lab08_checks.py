@@ -18,7 +18,7 @@ from tests.lab_solution import assert_fails, failed
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
 
 SOLUTION = ROOT / "solutions" / "08_zero_3_fsdp.ipynb"
-TOTALS = {"8.1": 5, "8.2": 4, "8.3": 3, "8.4": 4, "8.5": 6}
+TOTALS = {"8.1": 5, "8.2": 4, "8.3": 3, "8.4": 4, "8.5": 7}
 
 
 def solution_namespace(override=""):
@@ -178,6 +178,21 @@ WRONG = {
                 optimizer.step()
             return units
         """, {"identical_on_every_rank_despite_different_data": "N=2: the root module has no flat_shard"}),
+    "8.5 a unit type no submodule has is skipped without a word": ("8.5", """
+        _train_fsdp = train_fsdp
+
+        def train_fsdp(model, units, batches, **kwargs):
+            held = [u for u in units if isinstance(u, str) or any(isinstance(m, u) for m in model.modules())]
+            return _train_fsdp(model, held, batches, **kwargs)
+        """, {"a_unit_type_no_submodule_has_is_an_error": "returned: a wrong type would silently shard nothing"}),
+    "8.5 a unit type no submodule has: an error that does not name it": ("8.5", """
+        _train_fsdp = train_fsdp
+
+        def train_fsdp(model, units, batches, **kwargs):
+            if any(not isinstance(u, str) and not any(isinstance(m, u) for m in model.modules()) for u in units):
+                raise KeyError("unknown unit")
+            return _train_fsdp(model, units, batches, **kwargs)
+        """, {"a_unit_type_no_submodule_has_is_an_error": "raised KeyError: 'unknown unit'. Expected ValueError"}),
 }
 
 

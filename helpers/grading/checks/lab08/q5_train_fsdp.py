@@ -1,5 +1,6 @@
 """Checks of lab 8.5: train_fsdp equals torch DDP + SGD on 2, 3 and 4 ranks and holds only shards between steps; with
-its blocks given by type and a bfloat16 compute dtype, it equals FSDP2 with MixedPrecisionPolicy on 2 ranks."""
+its blocks given by type and a bfloat16 compute dtype, it equals FSDP2 with MixedPrecisionPolicy on 2 ranks; a unit type
+that no submodule has is a ValueError that names it."""
 import collections
 
 import torch
@@ -71,6 +72,7 @@ def _train_on_rank(train):
     flats = [getattr(u, "flat", None) for u in units] if isinstance(units, (list, tuple)) else [None]
     held = state_bytes(model, extra={"unsharded": flats}) if all(isinstance(f, torch.Tensor) for f in flats) else None
     mixed = _mixed_on_rank(train) if dist.get_world_size() == MIXED_N else None
+    nowhere = _nowhere_on_rank(train) if dist.get_world_size() == MIXED_N else None
     reference = DistributedDataParallel(_model())
     optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
     for x, y in batches:
@@ -78,7 +80,21 @@ def _train_on_rank(train):
         nn.functional.mse_loss(reference(x), y).backward()
         optimizer.step()
     return {"full": full, "ddp": {k: p.detach().clone() for k, p in reference.module.named_parameters()},
-            "ops": sorted((r.op, r.payload_bytes) for r in ledger.records), "held": held, "mixed": mixed}
+            "ops": sorted((r.op, r.payload_bytes) for r in ledger.records), "held": held, "mixed": mixed,
+            "nowhere": nowhere}
+
+
+class Absent(nn.Module):
+    """A module type that the checks' model does not hold."""
+
+
+def _nowhere_on_rank(train):
+    """What train_fsdp does with a unit type that no submodule has: (exception type, message), or None."""
+    try:
+        train(_model(), (Absent,), [], lr=LR, momentum=MOMENTUM)
+    except Exception as exc:  # noqa: BLE001 - reported by the check
+        return type(exc).__name__, str(exc)
+    return None
 
 
 def _mixed_on_rank(train):
@@ -257,3 +273,14 @@ def bfloat16_collectives_move_half_the_bytes(ns):
             f"N={MIXED_N}, rank {rank}, param_dtype=torch.bfloat16: {STEPS} steps issued "
             f"{dict(collections.Counter(result['mixed']['ops']))} (op, bytes); expected per step and unit (bytes "
             f"{padded}) two all_gathers and one reduce_scatter at 2 bytes per element: gather and reduce in bfloat16")
+
+
+@public_check("8.5")
+def a_unit_type_no_submodule_has_is_an_error(ns):
+    kind, message = _r85(ns)[MIXED_N][0]["nowhere"] or (None, "")
+    call = "train_fsdp(model, (Absent,), batches, lr=..., momentum=...), with a type no submodule of the model has,"
+    assert kind is not None, (f"N={MIXED_N}: {call} returned: a wrong type would silently shard nothing. Raise "
+                              "ValueError naming the type when no submodule is an instance of it")
+    assert kind == "ValueError" and "Absent" in message, (
+        f"N={MIXED_N}: {call} raised {kind}: {message}. Expected ValueError naming the type (Absent), raised before "
+        "any unit is made")

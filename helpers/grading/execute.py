@@ -19,7 +19,14 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
 from helpers.grading.probe_runtime import PROBE_MIMETYPE
-from helpers.grading.sandbox import Fences, kill_session, make_kernel_manager, working_directory
+from helpers.grading.sandbox import (
+    FILE_BYTES,
+    Fences,
+    kill_session,
+    make_kernel_manager,
+    runtime_overfull,
+    working_directory,
+)
 
 _ORDER = ["ok", "error", "timeout", "dead_kernel"]
 
@@ -32,6 +39,7 @@ class Limits:
     total_seconds: float = 300.0
     grace_seconds: float = 5.0  # after the interrupt, before the kernel is killed
     memory_bytes: int = 4 * 2**30
+    file_bytes: int = FILE_BYTES  # any one file a kernel writes, its log included (with memory_bytes, by prlimit)
     max_tasks: int = 512  # processes and threads of one kernel (4 ranks use about 100)
     fences: Fences = Fences(sandbox=False, drop_user=False, memory=False)
     hidden_dirs: tuple = ()
@@ -98,14 +106,15 @@ class _Kernel:
     """One sandboxed kernel and its client; killed on exit, whatever happened inside."""
 
     def __init__(self, notebook, workdir, limits):
-        self.limits = limits
+        self.limits, self.workdir = limits, workdir
         self.km = make_kernel_manager(workdir, limits)
         # No nbclient timeout: after its own interrupt it stops watching whether the kernel lives, and waits a
         # whole timeout more. The watch below interrupts and kills; nbclient notices a death within 1 s.
         self.client = _CappedClient(notebook, km=self.km, timeout=None, allow_errors=True, startup_timeout=60,
                                     shutdown_kernel="immediate",
                                     resources={"metadata": {"path": working_directory(workdir)}})
-        self.lost = None  # why the kernel was lost: "timeout", "died" or "tasks" (it hit the task limit)
+        # why the kernel was lost: "timeout", "died", "tasks" (it hit the task limit) or "disk" (see _Watch)
+        self.lost = None
 
     def kill(self, why="timeout"):
         self.lost = self.lost or why
@@ -123,8 +132,10 @@ class _Kernel:
             self.lost = self.lost or "died"
         finally:
             watch.stop()
+        if not self.lost and runtime_overfull(self.workdir):  # a cell quicker than the watch's first look
+            self.kill("disk")
         if self.lost:
-            return {"timeout": "timeout", "died": "dead_kernel", "tasks": "error"}[self.lost]
+            return {"timeout": "timeout", "died": "dead_kernel", "tasks": "error", "disk": "error"}[self.lost]
         status = _errored(cell)
         return "timeout" if status == "timeout" and watch.interrupted else status
 
@@ -143,7 +154,8 @@ class _Kernel:
 
 
 class _Watch(threading.Thread):
-    """Watches one cell: interrupt at its limit, kill after the grace, kill at once on a fork bomb."""
+    """Watches one cell: interrupt at its limit, kill after the grace, kill at once on a fork bomb or on files piling
+    up in the one directory of the grader's disk the sandbox lets it write (its sockets')."""
 
     def __init__(self, kernel, seconds):
         super().__init__(daemon=True)
@@ -158,6 +170,8 @@ class _Watch(threading.Thread):
             # A fork bomb leaves hundreds of kernel copies behind: its kernel is not fit to go on.
             if cgroup and cgroup.limit_hits() > hits:
                 return self.kernel.kill("tasks")
+            if runtime_overfull(self.kernel.workdir):
+                return self.kernel.kill("disk")
             if elapsed >= self.seconds + self.kernel.limits.grace_seconds:
                 return self.kernel.kill("timeout")
             if elapsed >= self.seconds and not self.interrupted:
@@ -255,6 +269,8 @@ def _graded_code(cell):
 
 
 _LOST = {"timeout": "it ran past its time limit and ignored the interrupt, so its kernel was killed",
+         "disk": "it wrote files in the directory of its kernel's sockets, on the grader's disk (write in the working "
+                 "directory instead), so its kernel was killed",
          "died": "its kernel died", "tasks": "it hit the limit on processes and threads (a fork bomb?), so its kernel "
          "was killed"}
 

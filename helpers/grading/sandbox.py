@@ -10,13 +10,16 @@ tests/grading/test_grade_fixture.py):
 - bwrap mounts: the kernel sees only the system (/usr, /etc), the Python installation and the course
   repository, all read-only, plus its own working directory. The solutions, the probes, the tests, the
   repository's .git, the other submissions and the grader's output are empty directories; /tmp, /proc
-  and /dev are private (/tmp and /dev/shm hold at most TMPFS_BYTES each); nothing else of the machine
-  (HOME, pip caches, other users' files) exists;
+  and /dev are private; nothing else of the machine (HOME, pip caches, other users' files) exists;
+- where it writes: /tmp, /dev/shm, its working directory and TMPDIR are tmpfs of TMPFS_BYTES each (the last two
+  sit in the grader's per-student directory, which the kernel sees read-only); the one directory of the grader's
+  disk it can write is its sockets' (execute._Watch kills a kernel that piles files up there);
+- `prlimit --fsize`: no file it writes grows past FILE_BYTES, its log on the grader's disk included;
 - `--cap-drop ALL` when the grader is root: the kernel cannot undo those mounts;
 - `prlimit --as`: a memory bomb becomes MemoryError in that kernel, not an out-of-memory kill;
 - `setpriv` to nobody (root only, when nobody can run the interpreter: one under /root cannot be);
 - the grader kills the sandbox when a cell overruns its limit (execute.py).
-Not stopped: CPU use within the time limits, disk use of the working directory, reading the public parts
+Not stopped: CPU use within the time limits, reading the public parts
 of the repository, and kernel exploits. Where bwrap cannot run (not installed; user namespaces disabled
 for non-root users), the grader says which fences are missing and runs without them.
 """
@@ -39,7 +42,13 @@ NOBODY_UID = NOBODY_GID = 65534
 _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Readable by root only, and of no use to a kernel.
 _SECRET_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
-TMPFS_BYTES = 256 * 2**20  # each of the sandbox's /tmp and /dev/shm (the kernel's TMPDIR is in its directory)
+TMPFS_BYTES = 256 * 2**20  # each tmpfs of the sandbox: /tmp, /dev/shm, the working directory and TMPDIR
+# Every file a kernel writes (prlimit --fsize): its log on the grader's disk, a checkpoint. Python ignores SIGXFSZ,
+# so a write past it fails with "File too large" instead of killing the kernel.
+FILE_BYTES = 2**30
+# The one directory on the grader's disk a sandboxed kernel can write: its sockets' (the grader connects there).
+# A kernel keeps about 7 entries in it and no data; the grader kills one that piles up more (execute._Watch).
+RUNTIME_ENTRIES, RUNTIME_BYTES = 64, 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +57,7 @@ class Fences:
 
     sandbox: bool  # bwrap runs: PID, network, mount, IPC and UTS namespaces
     drop_user: bool  # the kernel runs as nobody
-    memory: bool  # prlimit caps the address space
+    memory: bool  # prlimit caps the address space and the size of each file
     pids: bool = False  # a pids cgroup caps the kernel's tasks (fork bombs)
 
     def missing(self):
@@ -59,7 +68,7 @@ class Fences:
                         "needs unprivileged user namespaces): kernels can signal the grader, use the network and "
                         "read the solutions, the probes and other submissions")
         if not self.memory:
-            gaps.append("no memory limit (prlimit from util-linux is missing)")
+            gaps.append("no memory or file-size limit (prlimit from util-linux is missing)")
         if not self.pids:
             gaps.append("no task limit (no writable pids cgroup: grade as root): a fork bomb slows the machine "
                         "until the cell's time limit kills it")
@@ -119,14 +128,15 @@ def _under(path, roots):
     return any(os.path.commonpath([path, root]) == root for root in roots)
 
 
-def bwrap_argv(workdir, readonly_dirs, hidden_dirs):
-    """bwrap's arguments: system and readonly_dirs read-only, hidden_dirs empty, workdir writable."""
+def bwrap_argv(workdir, readonly_dirs, hidden_dirs, tmpfs_bytes=TMPFS_BYTES):
+    """bwrap's arguments: system and readonly_dirs read-only, hidden_dirs empty; what the kernel may write is a tmpfs
+    of tmpfs_bytes each (its working directory, TMPDIR, /tmp, /dev/shm) but the directory of its sockets."""
     readonly = [d for d in dict.fromkeys(readonly_dirs) if os.path.isdir(d)]
     # Private /proc, /dev and /tmp first: a later mount covers an earlier one, and the repository or the
     # working directory may well live under /tmp (a fresh clone in `mktemp -d`).
     # A tmpfs is memory that no process's `prlimit --as` counts: 1 GiB written to an unbounded /tmp stayed in the
     # machine's RAM. Both are capped (/dev/shm would otherwise be a directory of /dev's unbounded tmpfs).
-    size = ["--size", str(TMPFS_BYTES)]
+    size = ["--size", str(tmpfs_bytes)]
     argv = ["bwrap", *_namespace_flags(), *_system_binds(), "--proc", "/proc", "--dev", "/dev",
             *size, "--tmpfs", "/dev/shm", *size, "--tmpfs", "/tmp"]
     for path in readonly:
@@ -139,17 +149,25 @@ def bwrap_argv(workdir, readonly_dirs, hidden_dirs):
         if os.path.exists(path):
             argv += ["--ro-bind", "/dev/null", path]
     argv += ["--ro-bind", hosts_file(workdir), "/etc/hosts"]
+    # The working directory lives on the grader's disk, beside the results: the kernel sees it read-only, and a
+    # capped tmpfs where it writes. Only the sockets' directory is the grader's own (it connects there).
+    runtime = runtime_dir(workdir)
+    argv += ["--ro-bind", workdir, workdir, "--bind", runtime, runtime]
+    for path in (working_directory(workdir), os.path.join(workdir, "kernel", "tmp")):
+        argv += [*size, "--tmpfs", path]
     # ipykernel exits when its parent seems gone (parent pid 1), as bwrap's init is inside a PID namespace;
     # the sandbox dies with the grader anyway.
-    argv += ["--bind", workdir, workdir, "--remount-ro", "/", "--chdir", working_directory(workdir)]
+    argv += ["--remount-ro", "/", "--chdir", working_directory(workdir)]
     return argv + ["--unsetenv", "JPY_PARENT_PID"]
 
 
 def kernel_argv(workdir, limits):
     """The command that starts an ipykernel inside the fences."""
     argv = []
-    if limits.memory_bytes and limits.fences.memory:
-        argv += ["prlimit", f"--as={int(limits.memory_bytes)}", "--"]
+    caps = [f"--as={int(limits.memory_bytes)}"] if limits.memory_bytes else []
+    caps += [f"--fsize={int(limits.file_bytes)}"] if limits.file_bytes else []
+    if caps and limits.fences.memory:  # the memory fence is prlimit
+        argv += ["prlimit", *caps, "--"]
     if limits.fences.drop_user:
         argv += _setpriv_argv()
     if limits.fences.sandbox:
@@ -161,12 +179,31 @@ def kernel_argv(workdir, limits):
 
 # The student's code works in work/ (its cwd and HOME); the kernel's own files live beside it, so
 # that emptying the working directory does not break the kernel or the launcher.
-_DIRS = ("work", "kernel", "kernel/tmp", "kernel/mpl", "kernel/ipython", "kernel/runtime")
+# Matplotlib's and IPython's files go in TMPDIR: in the sandbox, a tmpfs (they create their directories).
+_DIRS = ("work", "kernel", "kernel/tmp", "kernel/runtime")
 
 
 def working_directory(workdir):
     """Where the graded notebook runs (its cwd and HOME)."""
     return os.path.join(workdir, "work")
+
+
+def runtime_dir(workdir):
+    """The kernel's sockets and connection file: on the grader's disk, writable from the sandbox."""
+    return os.path.join(workdir, "kernel", "runtime")
+
+
+def runtime_overfull(workdir):
+    """Why the sockets' directory holds more than a kernel needs (RUNTIME_ENTRIES, RUNTIME_BYTES), or ""."""
+    entries, size = 0, 0
+    with os.scandir(runtime_dir(workdir)) as it:
+        for entry in it:
+            entries += 1
+            size += entry.stat(follow_symlinks=False).st_size if entry.is_file(follow_symlinks=False) else 0
+            if entries > RUNTIME_ENTRIES or size > RUNTIME_BYTES:
+                return (f"more than {RUNTIME_ENTRIES} files or {RUNTIME_BYTES // 2**20} MiB in the directory of its "
+                        "kernel's sockets, on the grader's disk")
+    return ""
 
 
 def kernel_env(workdir, preload_dynamo=True, threads=0):
@@ -177,8 +214,8 @@ def kernel_env(workdir, preload_dynamo=True, threads=0):
         env["OMP_NUM_THREADS"] = str(threads)  # torch reads it at import (grade.kernel_threads says why)
     kernel = os.path.join(workdir, "kernel")
     env.update(HOME=working_directory(workdir), TMPDIR=os.path.join(kernel, "tmp"),
-               MPLCONFIGDIR=os.path.join(kernel, "mpl"), IPYTHONDIR=os.path.join(kernel, "ipython"),
-               JUPYTER_RUNTIME_DIR=os.path.join(kernel, "runtime"), GLOO_SOCKET_IFNAME="lo",
+               MPLCONFIGDIR=os.path.join(kernel, "tmp", "mpl"), IPYTHONDIR=os.path.join(kernel, "tmp", "ipython"),
+               JUPYTER_RUNTIME_DIR=runtime_dir(workdir), GLOO_SOCKET_IFNAME="lo",
                MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1")
     return env
 
@@ -218,7 +255,7 @@ def prepare_workdir(workdir, drop_user):
 
 def make_kernel_manager(workdir, limits):
     """A kernel manager for one submission (not started yet)."""
-    runtime = os.path.join(workdir, "kernel", "runtime")
+    runtime = runtime_dir(workdir)
     # The kernel's ipc sockets live there, and AF_UNIX paths hold at most 107 bytes.
     if len(os.path.join(runtime, "kernel-ipc-99999")) > 100:
         raise ValueError(f"the working directory {workdir!r} is too long for the kernel's unix sockets: "

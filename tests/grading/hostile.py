@@ -94,9 +94,10 @@ os.kill(os.getppid(), signal.SIGKILL)
 HUGE_OUTPUT = "import sys\nfor _ in range(8):\n    sys.stdout.write('x' * 500_000 + '\\n')\n" + lab.ADD
 
 
-# 272 MiB into each tmpfs of the sandbox (RAM that `prlimit --as` does not count): both wrote before their cap.
+# 272 MiB into each tmpfs of the sandbox (RAM that `prlimit --as` does not count): /tmp and /dev/shm wrote it before
+# their cap; the working directory and TMPDIR, on the grader's disk, too before they became capped tmpfs.
 FILLS_TMPFS = '''import os
-for d in ("/tmp", "/dev/shm"):
+for d in ("/tmp", "/dev/shm", os.getcwd(), os.environ["TMPDIR"]):
     try:
         with open(os.path.join(d, "big"), "wb") as f:
             for _ in range(17):

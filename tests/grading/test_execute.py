@@ -34,18 +34,24 @@ def notebook(*sources):
     return nb
 
 
-def test_timeout_interrupts_only_that_cell_and_launches_still_work(tmp_path):
+FILLS_RUNTIME = ("import os\nfor i in range(100):\n"
+                 "    open(os.path.join(os.environ['JUPYTER_RUNTIME_DIR'], str(i)), 'w')")
+
+
+def test_timeout_interrupts_only_that_cell_launches_still_work_and_files_by_the_sockets_kill(tmp_path):
     # The interrupt reaches the kernel's whole process group, forkserver included; it must survive (it ignores
     # SIGINT), or the next launch fails. The limit is 5 s (the forkserver starts with the kernel,
     # helpers.launcher.kernel, so no cell waits for it, and 2 ranks start in < 1 s), not 30 as when a first launch
     # started it. The loop sleeps, so it burns no core meanwhile (5 CPU-s); the interrupt stops it all the same, and
     # test_grade_fixture's infinite_loop is the spinning one.
+    # The last cell piles files up where the kernel's sockets are, on the grader's disk (sandbox.runtime_overfull).
     nb = notebook("%load_ext helpers", "import time\nwhile True:\n    time.sleep(0.1)",
-                  "%%ranks 2\nprint('after the loop')")
+                  "%%ranks 2\nprint('after the loop')", FILLS_RUNTIME)
     result = execute(nb, str(tmp_path), limits(cell_seconds=5, total_seconds=120))
-    assert [c["status"] for c in result.cells] == ["ok", "timeout", "ok"], errors(nb)
-    assert result.status == "timeout"
+    assert [c["status"] for c in result.cells] == ["ok", "timeout", "ok", "error"], errors(nb)
+    assert result.status == "timeout" and result.kernels == 1
     assert "[rank 1] after the loop" in str(nb.cells[2].outputs)
+    assert "wrote files in the directory of its kernel's sockets, on the grader's disk" in str(nb.cells[3].outputs)
 
 
 def test_wall_clock_limit_skips_the_rest(tmp_path):

@@ -1,4 +1,5 @@
 """The grader on a class of honest, clumsy and hostile submissions of a small lab (97), graded once."""
+import ast
 import contextlib
 import csv
 import glob
@@ -236,8 +237,17 @@ def test_the_solution_search_works_outside_the_sandbox(graded, tmp_path):
 def test_nothing_written_outside_its_own_directory(graded):
     root, out, _, _, _ = graded
     wrote = _outputs(out, "writes_everywhere")
-    # It may write in its own working directory and in the sandbox's private /tmp, nowhere else.
-    assert "WROTE ['/tmp', '/tmp/grade-" in wrote and str(grading.ROOT) not in wrote and "'/'" not in wrote, wrote
+    # It may write in the sandbox's tmpfs (/tmp, its working directory, TMPDIR) and in the directory of its
+    # kernel's sockets, nowhere else: not in the directory that holds them on the grader's disk.
+    dirs = ast.literal_eval(re.search(r"WROTE (\[.*?\])\\n", wrote)[1])
+    workdir = re.search(r"'(/tmp/grade-\w+)/work'", wrote)[1]
+    writable = [f"{workdir}/work", f"{workdir}/kernel/tmp", f"{workdir}/kernel/runtime"]
+
+    def allowed(d):
+        under = [p for p in writable + ["/tmp"] if os.path.commonpath([d, p]) == p]
+        return under and (under != ["/tmp"] or os.path.commonpath([d, workdir]) != workdir)
+
+    assert dirs and [d for d in dirs if not allowed(d)] == [], wrote
     stray = glob.glob(f"/tmp/**/{hostile.MARKER}-pwned", recursive=True) + \
         glob.glob(str(pathlib.Path(grading.ROOT) / f"**/{hostile.MARKER}-pwned"), recursive=True)
     assert not stray
@@ -362,6 +372,9 @@ def test_an_overdue_student_is_a_grader_error_and_the_class_goes_on(two_students
 def test_the_sandbox_tmpfs_is_capped_and_a_forged_probe_result_counts_for_nothing(graded):
     _, out, _, _, _ = graded
     shown = _outputs(out, "fills_tmpfs_forges_probe")
-    assert "/tmp REFUSED No space left on device" in shown and "/dev/shm REFUSED No space" in shown, shown[:2000]
+    work = re.search(r"(/tmp/grade-\w+)/work REFUSED", shown)
+    assert work, shown[:2000]
+    for place in ("/tmp", "/dev/shm", work[1] + "/work", work[1] + "/kernel/tmp"):
+        assert f"{place} REFUSED No space left on device" in shown, (place, shown[:2000])
     feedback = (out / "feedback" / "fills_tmpfs_forges_probe.md").read_text()
     assert "three ranks: failed: the probe cell showed a result that was not the probe's" in feedback, feedback

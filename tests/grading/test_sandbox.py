@@ -81,3 +81,59 @@ def test_graded_kernels_share_the_cores_between_jobs(tmp_path):
     assert kernel_threads(1) == cores and kernel_threads(cores) == 1 and kernel_threads(4 * cores) == 1
     assert kernel_env(str(tmp_path), threads=3)["OMP_NUM_THREADS"] == "3"
     assert "OMP_NUM_THREADS" not in kernel_env(str(tmp_path))  # 0: torch's own default
+
+
+
+# A submission that fills the disk, where the grader's results and the next students' kernels live. It writes
+# 3 MiB into every place a kernel could write (its working directory, TMPDIR, the directory of the kernel's sockets,
+# the kernel's own directory) and to its stderr, which is the kernel's log on the grader's disk. Before the fences
+# below, all 15 MiB landed on the grader's disk.
+FILL_DISK = '''
+import os
+places = {"work": ".", "tmpdir": os.environ["TMPDIR"], "runtime": os.environ["JUPYTER_RUNTIME_DIR"],
+          "kernel": os.path.dirname(os.environ["TMPDIR"])}
+chunk = b"x" * 2**20
+for name, path in places.items():
+    wrote, why = 0, "-"
+    try:
+        with open(os.path.join(path, "fill"), "wb", buffering=0) as f:
+            for _ in range(3):
+                f.write(chunk)
+                wrote += 1
+    except OSError as exc:
+        why = exc.strerror
+    print(name, wrote, why, flush=True)
+wrote, why = 0, "-"
+try:
+    for _ in range(3):
+        os.write(2, chunk)
+        wrote += 1
+except OSError as exc:
+    why = exc.strerror
+print("log", wrote, why, flush=True)
+'''
+
+
+def _disk_use(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def test_a_submission_cannot_fill_the_graders_disk(tmp_path):
+    from helpers.grading.sandbox import kernel_env, runtime_overfull
+
+    # The grader's fences (sandbox.kernel_argv) with smaller caps: 1.5 MiB each tmpfs (the second write is cut
+    # short, the third refused), 2 MiB each file.
+    work, log, tmpfs, cap = tmp_path / "w", tmp_path / "kernel.log", 3 * 2**19, 2 * 2**20
+    prepare_workdir(str(work), drop_user=False)
+    before = _disk_use(work)  # the sandbox's /etc/hosts
+    argv = ["prlimit", f"--fsize={cap}", "--", *bwrap_argv(str(work), [sys.prefix, sys.base_prefix], [], tmpfs),
+            sys.executable, "-c", FILL_DISK]
+    with open(log, "wb") as stderr:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=30,
+                              env=kernel_env(str(work)))
+    assert done.stdout.splitlines() == [
+        "work 2 No space left on device", "tmpdir 2 No space left on device", "runtime 2 File too large",
+        "kernel 0 Read-only file system", "log 2 File too large"], done.stdout
+    # On the grader's disk: 2 MiB of log, and 2 MiB in the sockets' directory, which the grader's watch kills for.
+    assert (_disk_use(work) - before, log.stat().st_size) == (cap, cap)
+    assert "more than 64 files or 1 MiB in the directory of its kernel's sockets" in runtime_overfull(str(work))

@@ -3,6 +3,7 @@
 Chapter 11 runs the real jobs (torchrun's restart after a killed rank, two agents as two nodes) under nbval; these
 tests hold the runner's promises with jobs that cost nothing: a job whose child outlives it, a job that overruns.
 """
+import argparse
 import os
 import sys
 import time
@@ -57,3 +58,12 @@ def test_a_job_over_its_timeout_is_stopped_with_everything_it_started(capsys):
     assert time.monotonic() - start < 2 + jobs.KILL_GRACE_S + 5
     sid = int(capsys.readouterr().out.split()[1])
     assert session_members(sid) == []
+
+
+def test_an_empty_checkpoint_directory_is_refused_with_what_to_give():
+    # pathlib reads "" as ".": resumable.py's --ckpt "" wrote step_* directories into the repository's root.
+    from chapters.ops.train_script import checkpoint_dir
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"give a directory for the checkpoints, e\.g\. --ckpt "):
+        checkpoint_dir(" ")
+    assert str(checkpoint_dir("artifacts/ops/ckpt")) == "artifacts/ops/ckpt"

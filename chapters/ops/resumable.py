@@ -32,7 +32,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 if not __package__:  # run as a script (torchrun): make the package `ops` importable
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from helpers.backend import rank_device  # noqa: E402
-from ops.train_script import HIDDEN, IN, SEED, exit_now, finish, init_from_env, rank_batch, say  # noqa: E402
+from ops.train_script import (  # noqa: E402
+    HIDDEN,
+    IN,
+    SEED,
+    checkpoint_dir,
+    exit_now,
+    finish,
+    init_from_env,
+    rank_batch,
+    say,
+)
 
 BATCH_PER_RANK = 8
 LR = 0.02
@@ -114,7 +124,7 @@ def train(steps, ckpt=None, crash_rank=None, crash_at=None, skip=()):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--ckpt", type=pathlib.Path, required=True, help="directory of the checkpoints")
+    parser.add_argument("--ckpt", type=checkpoint_dir, required=True, help="directory of the checkpoints")
     parser.add_argument("--crash-rank", type=int, default=None)
     parser.add_argument("--crash-at", type=int, default=None, help="the step in which --crash-rank dies")
     parser.add_argument("--out", type=pathlib.Path, help="rank 0 saves the final parameters here")

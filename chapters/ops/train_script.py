@@ -30,6 +30,13 @@ BATCH_PER_RANK = 8        # rows per rank per step; the global batch is world_si
 LR = 0.05
 
 
+def checkpoint_dir(text):
+    """A --ckpt directory; an empty one (pathlib reads "" as ".") would scatter step_* directories in the cwd."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give a directory for the checkpoints, e.g. --ckpt artifacts/ops/ckpt")
+    return pathlib.Path(text)
+
+
 def make_model(device):
     """The same small MLP on every rank (same seed)."""
     torch.manual_seed(SEED)

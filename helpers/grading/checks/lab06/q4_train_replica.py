@@ -8,7 +8,7 @@ from helpers.errors import CollectiveHang, RankFailed
 from helpers.grading.checks.lab06.common import KEYS
 from helpers.grading.registry import answer, public_check
 from helpers.grading.shared_run import SharedRun, definitions, run_failed
-from helpers.launch import launch
+from helpers.grading.shared_run import launch_gloo as launch  # starts no ranks for a TODO
 
 _memoized = SharedRun()  # one launch serves every check of a question
 

@@ -116,7 +116,8 @@ def warm_up():
 
 def check(question, namespace):
     """Run the public checks of `question` against the notebook's namespace and print the report."""
-    warm_up()
+    if in_kernel():  # a script or a test starts the forkserver at its first launch: a TODO's checks launch none
+        warm_up()
     result = CheckResult(question)
     try:
         checks = checks_for(question)

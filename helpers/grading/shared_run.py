@@ -4,6 +4,7 @@ import builtins
 import dis
 import inspect
 import re
+import sys
 
 
 def definitions(ns, *values):
@@ -96,6 +97,9 @@ _STUB_OPS = ["RESUME", "LOAD_GLOBAL", "LOAD_CONST", "PRECALL", "CALL", "RAISE_VA
 _STUB_TEXT = re.compile(r"lab \d+\.\d+")
 _PROBE_PREFIX = "_probe_"  # instructor helpers that probe SETUP code defines in the student's namespace
 _BY_NAME = {"eval", "exec", "globals", "vars", "getattr", "__import__"}  # reach names no code object lists
+_LIBRARIES = {"torch", "numpy", "helpers"}
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis))
+_TORCH_VALUES = {"Tensor", "Parameter", "dtype", "device", "Size", "layout", "memory_format", "finfo", "iinfo"}
 
 
 def todo_stub(fn):
@@ -118,35 +122,51 @@ def todo_stub(fn):
 
 
 def _student_code(value, found, seen):
-    """Collect into found (stub text, or None for any other student code) what value can run of the notebook's."""
+    """Collect into found (stub text, or None for any other student code) what value can run of the notebook's.
+
+    Only the course's own functions (helpers.*) count as instructor code and plain values (numbers, strings,
+    tensors) as inert; anything else, a function or an object from anywhere else (a student's module, an nn.Module
+    that may hold the student's layers) may run student code: None, and the run launches."""
     if id(value) in seen:
         return
     seen[id(value)] = value  # held, so that no later object (a temporary tuple) gets its id
+    module = getattr(value, "__module__", None) or ""
     if isinstance(value, (tuple, list, set, frozenset)):
         for item in value:
             _student_code(item, found, seen)
     elif isinstance(value, dict):
         for item in value.values():
             _student_code(item, found, seen)
-    elif inspect.isfunction(value):
-        if value.__module__ != "__main__":  # instructor code: what it was handed may be the student's
-            for cell in value.__closure__ or ():
-                _student_code(cell.cell_contents, found, seen)
-            _student_code((value.__defaults__, value.__kwdefaults__), found, seen)
-        elif value.__qualname__.split(".")[0].startswith(_PROBE_PREFIX):
-            _probe_helper(value, found, seen)
-        else:
-            found.append(todo_stub(value))
-    elif inspect.isclass(value) and value.__module__ == "__main__" and value.__name__.startswith(_PROBE_PREFIX):
+    elif inspect.isfunction(value) and module.startswith("helpers."):
+        for cell in value.__closure__ or ():  # instructor code: what it was handed may be the student's
+            _student_code(cell.cell_contents, found, seen)
+        _student_code((value.__defaults__, value.__kwdefaults__), found, seen)
+    elif inspect.isfunction(value) and module == "__main__" and value.__qualname__.startswith(_PROBE_PREFIX):
+        _probe_helper(value, found, seen)
+    elif inspect.isfunction(value) and module == "__main__":
+        found.append(todo_stub(value))
+    elif inspect.isclass(value) and module == "__main__" and value.__name__.startswith(_PROBE_PREFIX):
         for item in vars(value).values():  # a probe's own class (a model): what its methods read
             if isinstance(item, property):
                 item = (item.fget, item.fset, item.fdel)
             _student_code(item.__func__ if isinstance(item, (staticmethod, classmethod)) else item, found, seen)
-    elif getattr(value, "__module__", None) == "__main__" or getattr(type(value), "__module__", None) == "__main__":
-        found.append(None)  # a class or an instance of the notebook's: its methods are student code
-    elif callable(value) and not inspect.isbuiltin(value) and not inspect.isclass(value) \
-            and not inspect.ismodule(value):
-        found.append(None)  # a partial, a bound method, a callable object: may wrap anything
+    elif not _inert(value):
+        found.append(None)
+
+
+def _inert(value):
+    """A value that runs no code of anyone's: a number, a string, a builtin class or function, a tensor, a dtype."""
+    if isinstance(value, _PLAIN) or inspect.isclass(value) and value.__module__ == "builtins":
+        return True
+    if inspect.isgetsetdescriptor(value) or inspect.ismemberdescriptor(value):  # a class's __dict__, __slots__
+        return True
+    if inspect.ismodule(value):  # what a probe helper reads: torch, math; a student's own module is not inert
+        root = value.__name__.split(".")[0]
+        return root in _LIBRARIES or root in sys.stdlib_module_names
+    if inspect.isbuiltin(value):  # len, or a method bound to an object that may be the student's
+        return value.__self__ is None or inspect.ismodule(value.__self__)
+    kind = type(value)
+    return kind.__module__.split(".")[0] == "torch" and kind.__name__ in _TORCH_VALUES
 
 
 def _probe_helper(fn, found, seen):

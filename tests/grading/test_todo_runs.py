@@ -5,6 +5,7 @@ through it); anything else of the student's within reach must launch, since a ch
 reaching a raise that sits behind given code, in a branch, or in a class.
 """
 import functools
+import types
 
 import pytest
 
@@ -70,6 +71,14 @@ def on_ranks(fn, t):
     return fn(t)
 
 
+on_ranks.__module__ = "helpers.grading.checks.labXX"  # the course's code; a test module's is anyone's (below)
+
+
+def from_elsewhere(t):
+    """A function of no notebook and not of the course: a student's own module, a library."""
+    return t
+
+
 def test_only_the_generated_stub_counts():
     ns = notebook()
     assert todo_stub(ns["stub"]) == "lab 2.2"
@@ -103,6 +112,13 @@ def test_a_run_that_may_reach_other_student_code_launches():
         assert only_todos(on_ranks, args) is None, args
     assert only_todos(ns["_probe_uses_both"], (3,)) is None
     assert only_todos(ns["written"], ()) is None
+    # Code from outside the notebook and the course, or objects that may hold the student's: launched too.
+    import torch
+
+    for other in [from_elsewhere, torch.nn.Linear(2, 2), map(ns["written"], []), ns["Answer"]().step,
+                  [].append, object(), types.ModuleType("my_answers")]:
+        assert only_todos(on_ranks, (ns["stub"], other)) is None, other
+    assert only_todos(on_ranks, (ns["stub"], torch.ones(2), torch.float32, 3, "x", None, len)) is not None
 
 
 PROBE_CLASS = '''

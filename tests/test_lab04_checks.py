@@ -372,3 +372,16 @@ KEPT_AS_MODEL = bucketed_ddp(init="self.model = module                    # torc
                                   "        self.reducer = Reducer(module, bucket_cap_mb)", name="model")
 NO_MODULE_INIT = bucketed_ddp(module_init="pass                                   # nn.Module.__init__ never runs")
 
+
+
+def test_a_reducer_that_copied_some_buckets_back_unfinished_is_told_to_wait():
+    # Under load, finalize() without wait() can leave some buckets averaged and others not: each of those holds this
+    # rank's own gradient / world size. The hint must name them (the whole gradient then matches no wrong answer).
+    from helpers.grading.checks.lab04.q3_reducer import _stale_buckets
+
+    per_rank = [[torch.full((2,), 1.0 + q), torch.full((3,), 10.0 * (q + 1))] for q in range(3)]
+    mean = [sum(g[i] for g in per_rank) / 3 for i in range(2)]
+    hint = _stale_buckets([per_rank[0][0] / 3, mean[1]], per_rank, 0)
+    assert "Parameters [0] equal this rank's own gradient divided by the world size" in hint
+    assert "wait() on the work handle first" in hint
+    assert _stale_buckets(mean, per_rank, 0) == ""

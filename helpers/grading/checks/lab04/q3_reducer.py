@@ -59,11 +59,12 @@ def _check_reducer_report(report, world_size, ranks_to_check):
             assert not r["others"], f"{at}: during the step the Reducer also issued {r['others']}; only all-reduces"
             missing = [i for i, g in enumerate(r["grads"]) if g is None]
             assert not missing, f"{at}: p.grad is None for parameters {missing} after finalize()"
-            local = [flat(local_grads(model, step, q)) for q in range(world_size)]
+            per_param = [local_grads(model, step, q) for q in range(world_size)]
+            local = [flat(grads) for grads in per_param]
             mean = sum(local) / world_size
             got = flat(r["grads"])
             error = max_diff(got, mean)
-            hint = diagnose(got, mean, local[rank], params, world_size)
+            hint = diagnose(got, mean, local[rank], params, world_size) or _stale_buckets(r["grads"], per_param, rank)
             if not hint and r["unfinished"]:
                 hint = (f" finalize() returned before {r['unfinished']} all-reduce(s) had finished: wait() on the work "
                         "handle of every bucket before copying its buffer back.")
@@ -80,6 +81,17 @@ def _check_reducer_report(report, world_size, ranks_to_check):
             assert r["during_backward"] == n_buckets, (
                 f"{at}: only {r['during_backward']} of the {n_buckets} all-reduces started before backward() returned: "
                 "launch each bucket from the gradient hooks, during backward, not in finalize()")
+
+
+def _stale_buckets(grads, per_param, rank):
+    """The hint for a finalize() that copied some buckets back before their all-reduce finished (the others had):
+    those parameters hold this rank's own gradient divided by the world size, the rest the mean."""
+    n = len(per_param)
+    mean = [sum(grads_q[i] for grads_q in per_param) / n for i in range(len(grads))]
+    stale = [i for i, g in enumerate(grads)
+             if max_diff(g, per_param[rank][i] / n) <= TOL < max_diff(g, mean[i])]
+    return (f" Parameters {stale} equal this rank's own gradient divided by the world size: their all-reduce had not "
+            "finished when their bucket was copied back, so wait() on the work handle first.") if stale else ""
 
 
 @public_check("4.3")

@@ -261,3 +261,29 @@ def _written(directory, world_size, n):
         per_rank.append(items)
     return per_rank
 
+
+
+def selected_ids(request):
+    """The parameter ids of the selected tests of the requesting test function (all of them, or those -k kept)."""
+    return [item.callspec.id for item in request.session.items
+            if getattr(item, "originalname", None) == request.node.originalname and hasattr(item, "callspec")]
+
+
+class Grouped:
+    """fn(key) for the tests of a parametrized function, a group at a time: the first test of a group computes the
+    results of every key of its group not yet read, their launches batched; each test then reads its own."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.results = {}  # key -> ("ok", value) or ("error", exception), until its test reads it
+        self.read = set()
+
+    def result(self, key, group):
+        if key not in self.results:
+            keys = [key] + [k for k in group if k != key and k not in self.read and k not in self.results]
+            self.results.update(zip(keys, Batcher().run([lambda k=k: self.fn(k) for k in keys])))
+        self.read.add(key)
+        status, value = self.results.pop(key)
+        if status == "error":
+            raise value
+        return value

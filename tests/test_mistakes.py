@@ -12,18 +12,18 @@ import pytest
 
 from helpers.grading import check
 from tests import lab_solution, mistakes
-from tests.mistake_batch import Batcher
+from tests.mistake_batch import Grouped, selected_ids
 
 LABS = sorted(module.name for module in pkgutil.iter_modules(mistakes.__path__))
 CASES = [(lab, mistake) for lab in LABS for mistake in importlib.import_module(f"tests.mistakes.{lab}").MISTAKES]
 
 
 IDS = [f"{lab} {m.question} {m.name}" for lab, m in CASES]
-_results = {}  # (lab, question, mistake name) -> ("ok", CheckResult) or ("error", exception), until its test reads it
-_done = set()  # the keys whose test read its result
+BY_ID = dict(zip(IDS, CASES))
 
 
-def _check(lab, mistake):
+def _check(case_id):
+    lab, mistake = BY_ID[case_id]
     solution = importlib.import_module(f"tests.mistakes.{lab}").SOLUTION
     if isinstance(mistake.override, dict):
         namespace = {**lab_solution.definitions(solution), **mistake.override}
@@ -32,28 +32,14 @@ def _check(lab, mistake):
     return check(mistake.question, namespace)
 
 
-def _result(request, lab, mistake):
-    """check()'s result for this mistake: the first test of a question runs the question's selected mistakes."""
-    key = (lab, mistake.question, mistake.name)
-    if key not in _results:
-        selected = {item.callspec.id for item in request.session.items
-                    if getattr(item, "originalname", None) == request.node.originalname}
-        group = [(lab, mistake)] + [(other_lab, other) for (other_lab, other), case_id in zip(CASES, IDS)
-                                    if case_id in selected and other_lab == lab and other.question == mistake.question
-                                    and other is not mistake and (lab, other.question, other.name) not in _done]
-        outcomes = Batcher().run([lambda case=case: _check(*case) for case in group])
-        _results.update({(case[0], case[1].question, case[1].name): o for case, o in zip(group, outcomes)})
-    _done.add(key)
-    status, value = _results.pop(key)
-    if status == "error":
-        raise value
-    return value
+_checked = Grouped(_check)  # the mistakes of one question (the selected ones) go through check() together
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("lab, mistake", CASES, ids=IDS)
 def test_first_line_names_the_mistake_and_the_fix(lab, mistake, request):
-    result = _result(request, lab, mistake)
+    question = [i for i in selected_ids(request) if BY_ID[i][0] == lab and BY_ID[i][1].question == mistake.question]
+    result = _checked.result(request.node.callspec.id, question)
     printed = "\n".join(result.lines)  # what check() printed, less its summary (other mistakes print alongside)
     assert result.passed < result.total, f"{mistake.question} {mistake.name}: the mistake passed every check"
     first = result.lines[0].splitlines()[0]

@@ -13,6 +13,8 @@ mode and the default dtype after it. A call is served from the batch only if eve
 as many collectives as the others (a fence on a group of its own compares them); otherwise it is launched again on
 its own, so a hang, a crash or an exception reaches check() exactly as the launcher reports it, and the calls after
 it go to the next batch. Calls with check_collectives=True are launched on their own.
+Grouped (at the end) is how a test file uses it: the first selected test of a group computes the group's results.
+DP_BATCH_LOG=<file> appends a line per launch (a batch and what its ranks agreed on, or a call alone) to that file.
 """
 import datetime
 import os

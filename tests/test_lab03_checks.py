@@ -12,6 +12,7 @@ from helpers.grading.labgen import ROOT
 from helpers.grading.registry import checks_for
 from tests import lab_solution
 from tests.lab_solution import failed
+from tests.mistake_batch import Grouped, selected_ids
 
 SOLUTION = ROOT / "solutions" / "03_manual_ddp.ipynb"
 TOTALS = {"3.1": 6, "3.2": 4, "3.3": 5, "3.4": 5}
@@ -143,11 +144,19 @@ WRONG_MULTI_RANK = {
 }
 
 
+def _check_wrong(name):
+    question, override, _ = WRONG_MULTI_RANK[name]
+    return check(question, solution_namespace(override))
+
+
+_checked = Grouped(_check_wrong)  # the wrong answers of one question go through check() together, launches batched
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", WRONG_MULTI_RANK)
-def test_wrong_multi_rank_answers_fail(name):
-    question, override, expected = WRONG_MULTI_RANK[name]
-    fails = failed(check(question, solution_namespace(override)))
+def test_wrong_multi_rank_answers_fail(name, request):
+    question, _, expected = WRONG_MULTI_RANK[name]
+    fails = failed(_checked.result(name, [n for n in selected_ids(request) if WRONG_MULTI_RANK[n][0] == question]))
     assert set(expected) <= set(fails), fails
     for check_name, message in expected.items():
         assert message in fails[check_name], fails[check_name]

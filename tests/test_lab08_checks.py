@@ -14,6 +14,7 @@ from helpers.grading.labgen import ROOT
 from helpers.grading.registry import checks_for
 from tests import lab_solution
 from tests.lab_solution import assert_fails, failed
+from tests.mistake_batch import Grouped, selected_ids
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module
 
@@ -196,13 +197,21 @@ WRONG = {
 }
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", WRONG)
-def test_wrong_answers_fail(name):
-    question, override, expected = WRONG[name]
+def _check_wrong(name):
+    question, override, _ = WRONG[name]
     ns = solution_namespace("_solution_reduce_scatter_grads = FlatShard.reduce_scatter_grads\n")
     exec(textwrap.dedent(override), ns)
-    result = check(question, ns)
+    return check(question, ns)
+
+
+_checked = Grouped(_check_wrong)  # the wrong answers of one question go through check() together, launches batched
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", WRONG)
+def test_wrong_answers_fail(name, request):
+    question, _, expected = WRONG[name]
+    result = _checked.result(name, [n for n in selected_ids(request) if WRONG[n][0] == question])
     assert_fails(result, expected)
     if name.startswith("8.5 the optimizer"):
         # the final all-gather makes the ranks identical anyway: only the comparison with DDP catches it

@@ -269,8 +269,8 @@ def _graded_code(cell):
 
 
 _LOST = {"timeout": "it ran past its time limit and ignored the interrupt, so its kernel was killed",
-         "disk": "it wrote files in the directory of its kernel's sockets, on the grader's disk (write in the working "
-                 "directory instead), so its kernel was killed",
+         "disk": "it wrote files in (or changed) the directory of its kernel's sockets, on the grader's disk (write in "
+                 "the working directory instead), so its kernel was killed",
          "died": "its kernel died", "tasks": "it hit the limit on processes and threads (a fork bomb?), so its kernel "
          "was killed"}
 

@@ -196,13 +196,16 @@ def runtime_dir(workdir):
 def runtime_overfull(workdir):
     """Why the sockets' directory holds more than a kernel needs (RUNTIME_ENTRIES, RUNTIME_BYTES), or ""."""
     entries, size = 0, 0
-    with os.scandir(runtime_dir(workdir)) as it:
-        for entry in it:
-            entries += 1
-            size += entry.stat(follow_symlinks=False).st_size if entry.is_file(follow_symlinks=False) else 0
-            if entries > RUNTIME_ENTRIES or size > RUNTIME_BYTES:
-                return (f"more than {RUNTIME_ENTRIES} files or {RUNTIME_BYTES // 2**20} MiB in the directory of its "
-                        "kernel's sockets, on the grader's disk")
+    try:
+        with os.scandir(runtime_dir(workdir)) as it:
+            for entry in it:
+                entries += 1
+                size += entry.stat(follow_symlinks=False).st_size if entry.is_file(follow_symlinks=False) else 0
+                if entries > RUNTIME_ENTRIES or size > RUNTIME_BYTES:
+                    return (f"more than {RUNTIME_ENTRIES} files or {RUNTIME_BYTES // 2**20} MiB in the directory of "
+                            "its kernel's sockets, on the grader's disk")
+    except OSError as exc:  # the kernel's own user may chmod or remove it: the watch must go on all the same
+        return f"the directory of its kernel's sockets could not be read ({exc.strerror})"
     return ""
 
 

@@ -51,7 +51,8 @@ def test_timeout_interrupts_only_that_cell_launches_still_work_and_files_by_the_
     assert [c["status"] for c in result.cells] == ["ok", "timeout", "ok", "error"], errors(nb)
     assert result.status == "timeout" and result.kernels == 1
     assert "[rank 1] after the loop" in str(nb.cells[2].outputs)
-    assert "wrote files in the directory of its kernel's sockets, on the grader's disk" in str(nb.cells[3].outputs)
+    assert "wrote files in (or changed) the directory of its kernel's sockets, on the grader's disk" in str(
+        nb.cells[3].outputs)
 
 
 def test_wall_clock_limit_skips_the_rest(tmp_path):

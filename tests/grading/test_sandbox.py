@@ -137,3 +137,7 @@ def test_a_submission_cannot_fill_the_graders_disk(tmp_path):
     # On the grader's disk: 2 MiB of log, and 2 MiB in the sockets' directory, which the grader's watch kills for.
     assert (_disk_use(work) - before, log.stat().st_size) == (cap, cap)
     assert "more than 64 files or 1 MiB in the directory of its kernel's sockets" in runtime_overfull(str(work))
+    # A kernel running as the grader's own user can remove the directory (or chmod it): the watch says so, it does
+    # not die (its thread also enforces the cell's time limit).
+    shutil.rmtree(work / "kernel" / "runtime")
+    assert "could not be read (No such file or directory)" in runtime_overfull(str(work))

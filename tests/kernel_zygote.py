@@ -32,7 +32,7 @@ sys.modules.setdefault("rfc3987_syntax", None)
 
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers", "helpers.launcher.worker",
            "helpers.launcher.kernel", "cloudpickle", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib.pyplot",
-           "nbformat"]
+           "nbformat", "helpers.launcher.hugepages"]  # last: it collapses what the others allocated (its docstring)
 MAX_REQUEST = 1 << 20
 
 

@@ -1,12 +1,13 @@
 """helpers.launcher.forkserver: one forkserver per process, restarted when a caller needs other modules preloaded."""
 import multiprocessing.forkserver
+import os
 import subprocess
 import sys
 
 import pytest
 
 from helpers import launch
-from helpers.launcher import forkserver
+from helpers.launcher import forkserver, hugepages
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +29,8 @@ def test_a_forkserver_started_by_another_caller_is_replaced_for_the_ranks():
     forkserver.ensure_running(["json.tool"])
     assert forkserver.preloaded() == ["json.tool"]
     assert launch(modules_in_rank, 1) == [["helpers.launcher.worker", "json.tool", "torch._dynamo"]]
-    assert forkserver.preloaded() == ["json.tool", "helpers.launcher.worker", "torch._dynamo"]
+    assert forkserver.preloaded() == ["json.tool", "helpers.launcher.worker", "torch._dynamo",
+                                      "helpers.launcher.hugepages"]
     # ... and then the grader again: everything it needs is there, so the same forkserver serves it
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
     forkserver.ensure_running(["json.tool"])
@@ -50,3 +52,53 @@ def test_a_forkserver_started_by_fork_leaves_the_callers_process_group():
             "print(os.getpgid(mf._forkserver._forkserver_pid) != os.getpgrp())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert done.stdout.split() == ["True"], done.stderr
+
+
+def anon_huge_mib(pid):
+    """AnonHugePages of a process, in MiB."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:")) // 1024
+
+
+def collapse_supported():
+    """MADV_COLLAPSE: Linux 6.1 or later, transparent huge pages not "never"."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            enabled = "[never]" not in f.read()
+    except OSError:
+        return False
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return enabled and (major, minor) >= (6, 1)
+
+
+def test_only_private_anonymous_memory_is_collapsed_in_whole_huge_pages():
+    maps = ["00400000-00a00000 rw-p 00000000 00:00 0 ",                        # 6 MiB, aligned: all of it
+            "7f0000100000-7f0000700000 rw-p 00000000 00:00 0 ",                # rounded in: 7f0000200000-600000
+            "7f0001000000-7f0001100000 rw-p 00000000 00:00 0 ",                # 1 MiB: no whole huge page
+            "7f0002000000-7f0002400000 rw-s 00000000 00:01 7 /dev/shm/x",      # shared
+            "7f0003000000-7f0003400000 r--p 00000000 08:01 9 /usr/lib/libc.so",  # read-only, a file
+            "7f0004000000-7f0004400000 rw-p 00001000 08:01 9 /usr/lib/libc.so",  # a file's private copy
+            "01000000-01400000 rw-p 00000000 00:00 0 [heap]",                   # the heap: yes
+            "7ffe00000000-7ffe00400000 rw-p 00000000 00:00 0 [stack]"]          # the stack: no
+    assert list(hugepages._private_anonymous(maps)) == [
+        (0x400000, 0xA00000), (0x7F0000200000, 0x7F0000600000), (0x1000000, 0x1400000)]
+
+
+@pytest.mark.skipif(not collapse_supported(), reason="no MADV_COLLAPSE here (Linux < 6.1 or THP 'never')")
+def test_the_forkserver_forks_from_huge_pages():
+    launch(modules_in_rank, 1)
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    # torch and torch._dynamo: ~190 MiB of private memory, most of it in 2 MiB pages once collapsed.
+    assert anon_huge_mib(pid) > 64, f"forkserver {pid}: {anon_huge_mib(pid)} MiB in huge pages"
+
+
+def test_turned_off_or_unsupported_it_does_nothing():
+    code = "import helpers.launcher.hugepages as h, os; print(h.collapse.__module__, os.getpid())"
+    env = {**os.environ, "DP_COURSE_HUGEPAGES": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("helpers.launcher.hugepages"), out.stderr
+    unsupported = ("import builtins, helpers.launcher.hugepages as h\n"
+                   "def no_proc(*a, **k): raise FileNotFoundError('/proc/self/maps')\n"
+                   "builtins.open = no_proc\nprint(h.collapse())")
+    out = subprocess.run([sys.executable, "-c", unsupported], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == "0", out.stderr

@@ -62,7 +62,8 @@ def test_its_forkserver_was_forked_before_the_first_launch(kernel):
             "print(launch(lambda: __import__('os').getppid(), 2) == [before, before])")
     out, error = run(client, code)
     assert error is None, out
-    assert out.splitlines() == ["True ['helpers.launcher.worker', 'torch._dynamo'] True", "True"], out
+    preload = "['helpers.launcher.worker', 'torch._dynamo', 'helpers.launcher.hugepages']"
+    assert out.splitlines() == [f"True {preload} True", "True"], out
 
 
 def test_an_interrupt_reaches_the_cell(kernel):

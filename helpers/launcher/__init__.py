@@ -1,7 +1,8 @@
 """How `launch` and `%%ranks` run ranks: the machinery behind helpers.launch, not called by notebooks.
 
   the run       run (one call seen from the kernel), run_status, rank_output (each rank's live output),
-                worker (the rank side; its docstring holds the protocol), forkserver, kernel (a Jupyter kernel
+                worker (the rank side; its docstring holds the protocol), forkserver, hugepages (the
+                forkserver's memory in 2 MiB pages: cheap forks), kernel (a Jupyter kernel
                 whose forkserver is forked before any thread), magic (%%ranks N), main_guard (scripts need
                 `if __name__ == "__main__":`)
   the reports   hang (where each rank is blocked), on_abort (where a rank was when Gloo aborted it),

@@ -61,11 +61,15 @@ class Runtime:
 
 
 def preload_modules():
-    """What the forkserver imports before it forks a rank (see Runtime)."""
+    """What the forkserver imports before it forks a rank (see Runtime).
+
+    DP_COURSE_PRELOAD="mod,mod": modules every rank would otherwise import itself (the test suite names the labs'
+    checks: tests/warm_kernels.py RANK_IMPORTS)."""
     dynamo = ["torch._dynamo"] if os.environ.get("DP_COURSE_PRELOAD_DYNAMO", "1") != "0" else []
+    extra = [name for name in os.environ.get("DP_COURSE_PRELOAD", "").split(",") if name]
     # Last: importing it moves what the others allocated into huge pages, so each fork of a rank copies ~95
     # page-table entries instead of ~48,000 (helpers/launcher/hugepages.py has the measurements).
-    return ["helpers.launcher.worker", *dynamo, "helpers.launcher.hugepages"]
+    return ["helpers.launcher.worker", *dynamo, *extra, "helpers.launcher.hugepages"]
 
 
 def start_forkserver_by_fork():

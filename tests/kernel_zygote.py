@@ -32,12 +32,16 @@ sys.modules.setdefault("rfc3987_syntax", None)
 
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers", "helpers.launcher.worker",
            "helpers.launcher.kernel", "cloudpickle", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib.pyplot",
-           "nbformat", "helpers.launcher.hugepages"]  # last: it collapses what the others allocated (its docstring)
+           "nbformat"]
 MAX_REQUEST = 1 << 20
 
 
 def main(path):
-    for name in PRELOAD:
+    # Then what the launcher preloads, DP_COURSE_PRELOAD included (tests/warm_kernels.py RANK_IMPORTS): the
+    # kernels' forkservers are forks of the kernels, forks of this process. Huge pages last (helpers.launch).
+    from helpers.launch import preload_modules
+
+    for name in [*PRELOAD, *preload_modules()]:
         importlib.import_module(name)
     base_path = list(sys.path[1:])  # sys.path[0] is this file's directory; a kernel's is its working directory
     listener = socket.socket(socket.AF_UNIX)

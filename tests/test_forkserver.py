@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from helpers import launch
+from helpers.launch import preload_modules
 from helpers.launcher import forkserver, hugepages
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,8 +30,7 @@ def test_a_forkserver_started_by_another_caller_is_replaced_for_the_ranks():
     forkserver.ensure_running(["json.tool"])
     assert forkserver.preloaded() == ["json.tool"]
     assert launch(modules_in_rank, 1) == [["helpers.launcher.worker", "json.tool", "torch._dynamo"]]
-    assert forkserver.preloaded() == ["json.tool", "helpers.launcher.worker", "torch._dynamo",
-                                      "helpers.launcher.hugepages"]
+    assert forkserver.preloaded() == ["json.tool", *preload_modules()]  # worker, torch._dynamo, ..., hugepages
     # ... and then the grader again: everything it needs is there, so the same forkserver serves it
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
     forkserver.ensure_running(["json.tool"])

@@ -8,6 +8,7 @@ import time
 import pytest
 from jupyter_client.manager import start_new_kernel
 
+from helpers.launch import preload_modules
 from tests import warm_kernels
 
 pytestmark = pytest.mark.timeout(240)
@@ -62,8 +63,7 @@ def test_its_forkserver_was_forked_before_the_first_launch(kernel):
             "print(launch(lambda: __import__('os').getppid(), 2) == [before, before])")
     out, error = run(client, code)
     assert error is None, out
-    preload = "['helpers.launcher.worker', 'torch._dynamo', 'helpers.launcher.hugepages']"
-    assert out.splitlines() == [f"True {preload} True", "True"], out
+    assert out.splitlines() == [f"True {preload_modules()} True", "True"], out  # DP_COURSE_PRELOAD's too
 
 
 def test_an_interrupt_reaches_the_cell(kernel):

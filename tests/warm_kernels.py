@@ -40,6 +40,15 @@ PROVISIONER = "dp-course-zygote"
 ZYGOTE = pathlib.Path(__file__).with_name("kernel_zygote.py")
 SOCKET_ENV = "DP_COURSE_ZYGOTE_SOCKET"  # set: fork kernels from the zygote listening there, start none
 START_TIMEOUT_S = 120.0  # the zygote imports torch: ~6 s alone, much longer next to a busy test worker
+# What the ranks of make test's launches import beyond the launcher's preload: a check's rank function is pickled by
+# reference, so each rank imported its lab's checks package and helpers.grading (~40 ms); ZeroRedundancyOptimizer's
+# ranks torch.distributed.optim (8 TorchScript compiles, ~0.5 s). The zygote and this worker's forkserver import
+# them once instead (~0.9 s each; DP_COURSE_PRELOAD, below), so every rank forked below them has them. Ranks do the
+# same work either way.
+CHECKS = pathlib.Path(__file__).resolve().parents[1] / "helpers" / "grading" / "checks"
+RANK_IMPORTS = ["helpers.grading", "helpers.grading.probe_runtime", "torch.distributed.optim",
+                "torch.distributed.checkpoint",
+                *sorted(f"helpers.grading.checks.{d.name}" for d in CHECKS.glob("lab*"))]
 
 
 class ZygoteProcess:
@@ -196,6 +205,9 @@ def kernel_name():
 
 def pytest_configure(config):
     global _installed
+    # Read by helpers.launch.preload_modules: in this process's forkserver (the check tests, test_mistakes) and in
+    # the kernels' (forks of the zygote, which imports the same list).
+    os.environ["DP_COURSE_PRELOAD"] = ",".join(RANK_IMPORTS)
     install_kernelspec()
     register_provisioner()
     _installed = True

@@ -67,7 +67,7 @@ def preload_modules():
     checks: tests/warm_kernels.py RANK_IMPORTS)."""
     dynamo = ["torch._dynamo"] if os.environ.get("DP_COURSE_PRELOAD_DYNAMO", "1") != "0" else []
     extra = [name for name in os.environ.get("DP_COURSE_PRELOAD", "").split(",") if name]
-    # Last: importing it moves what the others allocated into huge pages, so each fork of a rank copies ~95
+    # Last: from its 8th fork on, the forkserver's memory is in huge pages, so each fork of a rank copies ~95
     # page-table entries instead of ~48,000 (helpers/launcher/hugepages.py has the measurements).
     return ["helpers.launcher.worker", *dynamo, *extra, "helpers.launcher.hugepages"]
 
@@ -156,16 +156,24 @@ def check_arguments(fn, world_size, hang_timeout, check_collectives=False):
 
 def pickle_call(fn, args, kwargs):
     """Serialise fn and its arguments by value; name the piece that cannot travel."""
+    try:
+        return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+    except Exception as exc:  # noqa: BLE001 - pickling fails with many exception types
+        failure = exc
+    # Only now, piece by piece: pickling a notebook's function walks sys.modules for the packages it uses, and doing
+    # it twice for every launch cost make test ~10 CPU-s (py-spy).
     pieces = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
     pieces += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
     for name, value in pieces:
         try:
             cloudpickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001 - pickling fails with many exception types
-            raise TypeError(
-                f"{name} (a {type(value).__name__}) cannot be sent to the workers: {exc}. "
-                "Pass plain data or tensors, or create the object inside fn on each rank.") from None
-    return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+        except Exception as exc:  # noqa: BLE001
+            failure, culprit = exc, f"{name} (a {type(value).__name__})"
+            break
+    else:
+        culprit = "fn with its arguments"
+    raise TypeError(f"{culprit} cannot be sent to the workers: {failure}. "
+                    "Pass plain data or tensors, or create the object inside fn on each rank.") from None
 
 
 def launch(fn, world_size, *, args=(), kwargs=None, backend="auto", hang_timeout=30.0, check_collectives=False):

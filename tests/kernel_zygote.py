@@ -43,6 +43,9 @@ def main(path):
 
     for name in [*PRELOAD, *preload_modules()]:
         importlib.import_module(name)
+    from helpers.launcher import hugepages
+
+    hugepages.collapse()  # now, not at the 8th kernel: every kernel and its forkserver share the huge pages
     base_path = list(sys.path[1:])  # sys.path[0] is this file's directory; a kernel's is its working directory
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)

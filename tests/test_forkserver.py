@@ -85,20 +85,47 @@ def test_only_private_anonymous_memory_is_collapsed_in_whole_huge_pages():
 
 
 @pytest.mark.skipif(not collapse_supported(), reason="no MADV_COLLAPSE here (Linux < 6.1 or THP 'never')")
-def test_the_forkserver_forks_from_huge_pages():
-    launch(modules_in_rank, 1)
+def test_the_forkserver_forks_from_huge_pages_from_its_eighth_rank_on():
+    launch(modules_in_rank, 4)
+    launch(modules_in_rank, 4)
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
     # torch and torch._dynamo: ~190 MiB of private memory, most of it in 2 MiB pages once collapsed.
     assert anon_huge_mib(pid) > 64, f"forkserver {pid}: {anon_huge_mib(pid)} MiB in huge pages"
 
 
+COUNT_FORKS = """
+import os, sys
+import helpers.launcher.hugepages as h
+buf = bytearray(b"x" * (64 << 20))  # 64 MiB of private memory, written
+def huge():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("AnonHugePages:")) >> 10
+seen = []
+for _ in range(h.COLLAPSE_AT_FORK):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    seen.append(huge())
+print(seen)
+"""
+
+
+@pytest.mark.skipif(not collapse_supported(), reason="no MADV_COLLAPSE here (Linux < 6.1 or THP 'never')")
+def test_a_process_that_forks_little_never_pays_for_the_collapse():
+    out = subprocess.run([sys.executable, "-c", COUNT_FORKS], capture_output=True, text=True, timeout=60)
+    seen = eval(out.stdout)  # MiB in huge pages after each fork
+    assert seen[:hugepages.COLLAPSE_AT_FORK - 1] == [0] * (hugepages.COLLAPSE_AT_FORK - 1), seen
+    assert seen[-1] >= 60, seen
+
+
 def test_turned_off_or_unsupported_it_does_nothing():
-    code = "import helpers.launcher.hugepages as h, os; print(h.collapse.__module__, os.getpid())"
-    env = {**os.environ, "DP_COURSE_HUGEPAGES": "0"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0 and out.stdout.startswith("helpers.launcher.hugepages"), out.stderr
+    code = "import helpers.launcher.hugepages as h, os; print(h.collapse())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "DP_COURSE_HUGEPAGES": "0"})
+    assert out.stdout.strip() == "0", out.stderr
     unsupported = ("import builtins, helpers.launcher.hugepages as h\n"
                    "def no_proc(*a, **k): raise FileNotFoundError('/proc/self/maps')\n"
                    "builtins.open = no_proc\nprint(h.collapse())")
-    out = subprocess.run([sys.executable, "-c", unsupported], capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run([sys.executable, "-c", unsupported], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "0", out.stderr

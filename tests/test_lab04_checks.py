@@ -385,3 +385,19 @@ def test_a_reducer_that_copied_some_buckets_back_unfinished_is_told_to_wait():
     assert "Parameters [0] equal this rank's own gradient divided by the world size" in hint
     assert "wait() on the work handle first" in hint
     assert _stale_buckets(mean, per_rank, 0) == ""
+
+
+def test_a_buffer_copied_while_the_ring_still_added_into_it_is_told_to_wait():
+    # Seen in make test: finalize() copied a bucket back while Gloo's ring was adding the ranks in, one at a time;
+    # no parameter was wholly averaged or wholly its own, so neither hint above fired and the report said nothing.
+    from helpers.grading.checks.lab04.q3_reducer import _stale_buckets
+
+    per_rank = [[torch.tensor([1.0, 2.0, 3.0]) * (q + 1) + q, torch.full((2,), 10.0 * (q + 1))] for q in range(3)]
+    total = [sum(g[i] for g in per_rank) for i in range(2)]
+    # element 0: rank 0 alone; element 1: ranks 0 and 2; element 2: all three; the second tensor: ranks 0 and 1
+    mid_ring = [torch.stack([per_rank[0][0][0], per_rank[0][0][1] + per_rank[2][0][1], total[0][2]]) / 3,
+                (per_rank[0][1] + per_rank[1][1]) / 3]
+    hint = _stale_buckets(mid_ring, per_rank, 0)
+    assert "sums over only some of the ranks" in hint and "wait() on the work handle first" in hint
+    # A wrong answer that is no partial sum (twice the mean) gets no such hint.
+    assert _stale_buckets([2 * t / 3 for t in total], per_rank, 0) == ""

@@ -1,6 +1,8 @@
 """Checks of lab 4.3: the Reducer launches every bucket during backward and finalize() waits for them."""
+import itertools
 import time
 
+import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
@@ -90,8 +92,26 @@ def _stale_buckets(grads, per_param, rank):
     mean = [sum(grads_q[i] for grads_q in per_param) / n for i in range(len(grads))]
     stale = [i for i, g in enumerate(grads)
              if max_diff(g, per_param[rank][i] / n) <= TOL < max_diff(g, mean[i])]
-    return (f" Parameters {stale} equal this rank's own gradient divided by the world size: their all-reduce had not "
-            "finished when their bucket was copied back, so wait() on the work handle first.") if stale else ""
+    if stale:
+        return (f" Parameters {stale} equal this rank's own gradient divided by the world size: their all-reduce had "
+                "not finished when their bucket was copied back, so wait() on the work handle first.")
+    if _caught_mid_ring(grads, per_param, rank):
+        return (" Some gradients hold sums over only some of the ranks: their all-reduce was still running (the ring "
+                "adds one rank's values at a time) when the bucket was copied back, so wait() on the work handle "
+                "first.")
+    return ""
+
+
+def _caught_mid_ring(grads, per_param, rank):
+    """Every element times the world size is this rank's gradient plus those of some other ranks, not all of them:
+    a buffer copied while the ring was still adding into it."""
+    n = len(per_param)
+    own, others = flat(per_param[rank]), [flat(per_param[q]) for q in range(n) if q != rank]
+    sums = [own + sum((o for o, keep in zip(others, bits) if keep), torch.zeros_like(own))
+            for bits in itertools.product((0, 1), repeat=n - 1)]  # the last one: every rank
+    got = flat(grads) * n
+    gaps = torch.stack([(got - s).abs() for s in sums])
+    return bool((gaps.min(0).values <= n * TOL).all()) and bool((gaps[-1] > n * TOL).any())
 
 
 @public_check("4.3")

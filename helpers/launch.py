@@ -67,7 +67,7 @@ def preload_modules():
     checks: tests/warm_kernels.py RANK_IMPORTS)."""
     dynamo = ["torch._dynamo"] if os.environ.get("DP_COURSE_PRELOAD_DYNAMO", "1") != "0" else []
     extra = [name for name in os.environ.get("DP_COURSE_PRELOAD", "").split(",") if name]
-    # Last: from its 8th fork on, the forkserver's memory is in huge pages, so each fork of a rank copies ~95
+    # Last: from its 16th fork on, the forkserver's memory is in huge pages, so each fork of a rank copies ~95
     # page-table entries instead of ~48,000 (helpers/launcher/hugepages.py has the measurements).
     return ["helpers.launcher.worker", *dynamo, *extra, "helpers.launcher.hugepages"]
 

@@ -45,7 +45,7 @@ def main(path):
         importlib.import_module(name)
     from helpers.launcher import hugepages
 
-    hugepages.collapse()  # now, not at the 8th kernel: every kernel and its forkserver share the huge pages
+    hugepages.collapse()  # now, not at the 16th kernel: every kernel and its forkserver share the huge pages
     base_path = list(sys.path[1:])  # sys.path[0] is this file's directory; a kernel's is its working directory
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)

@@ -85,9 +85,9 @@ def test_only_private_anonymous_memory_is_collapsed_in_whole_huge_pages():
 
 
 @pytest.mark.skipif(not collapse_supported(), reason="no MADV_COLLAPSE here (Linux < 6.1 or THP 'never')")
-def test_the_forkserver_forks_from_huge_pages_from_its_eighth_rank_on():
-    launch(modules_in_rank, 4)
-    launch(modules_in_rank, 4)
+def test_the_forkserver_forks_from_huge_pages_once_it_forked_many_ranks():
+    for _ in range(hugepages.COLLAPSE_AT_FORK // 4):
+        launch(modules_in_rank, 4)
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
     # torch and torch._dynamo: ~190 MiB of private memory, most of it in 2 MiB pages once collapsed.
     assert anon_huge_mib(pid) > 64, f"forkserver {pid}: {anon_huge_mib(pid)} MiB in huge pages"
@@ -97,6 +97,7 @@ COUNT_FORKS = """
 import os, sys
 import helpers.launcher.hugepages as h
 buf = bytearray(b"x" * (64 << 20))  # 64 MiB of private memory, written
+h.count_forks_here()  # as a forkserver forked from its kernel does (a no-op here: this process imported it)
 def huge():
     with open("/proc/self/smaps_rollup") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("AnonHugePages:")) >> 10
@@ -117,6 +118,17 @@ def test_a_process_that_forks_little_never_pays_for_the_collapse():
     seen = eval(out.stdout)  # MiB in huge pages after each fork
     assert seen[:hugepages.COLLAPSE_AT_FORK - 1] == [0] * (hugepages.COLLAPSE_AT_FORK - 1), seen
     assert seen[-1] >= 60, seen
+
+
+NOT_THE_OWNER = COUNT_FORKS.replace("seen = []", "seen = []\nif os.fork():\n    os._exit(0)  # go on in a child")
+
+
+@pytest.mark.skipif(not collapse_supported(), reason="no MADV_COLLAPSE here (Linux < 6.1 or THP 'never')")
+def test_a_child_forking_on_its_own_never_collapses():
+    # A fork bomb's 64 copies of a kernel would otherwise pay the collapse in every copy.
+    out = subprocess.run([sys.executable, "-c", NOT_THE_OWNER.replace("h.count_forks_here()", "")],
+                         capture_output=True, text=True, timeout=60)
+    assert eval(out.stdout) == [0] * hugepages.COLLAPSE_AT_FORK, out.stdout + out.stderr
 
 
 def test_turned_off_or_unsupported_it_does_nothing():

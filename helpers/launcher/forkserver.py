@@ -22,6 +22,8 @@ import socket
 import subprocess
 import sys
 
+from helpers.launcher import hugepages
+
 
 def _server():
     """multiprocessing's forkserver object; what to do if a Python release renames it."""
@@ -97,6 +99,7 @@ def _serve(main, listener_fd, alive_r, alive_w, preload):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # main() does this too, but a ^C may come before it
         os.setpgid(0, 0)  # out of the kernel's process group: stop_before_kernel_shutdown says why
         os.close(alive_w)
+        hugepages.count_forks_here()  # the ranks' forks are this process's, not the kernel's
         main(listener_fd, alive_r, preload)
     finally:
         os._exit(0)

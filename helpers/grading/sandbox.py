@@ -224,10 +224,17 @@ def kernel_env(workdir, preload_dynamo=True, threads=0):
 
 
 class SandboxKernelManager(AsyncKernelManager):
-    """A KernelManager whose kernel can read its connection file after dropping to nobody."""
+    """A KernelManager whose kernel can read its connection file after dropping to nobody, and sees no variable of
+    the grader's environment but those kernel_env passes on."""
 
     drop_user = False
     cgroup = None
+
+    async def _async_pre_start_kernel(self, **kw):
+        # jupyter_client adds the kernelspec's env to the grader's own os.environ: a submission could read the
+        # instructor's shell (API tokens) and put it in a failure message, which goes back in its feedback.
+        kw["env"] = dict(self.kernel_spec.env)
+        return await super()._async_pre_start_kernel(**kw)
 
     def write_connection_file(self, **kwargs):
         super().write_connection_file(**kwargs)

@@ -38,17 +38,27 @@ FILLS_RUNTIME = ("import os\nfor i in range(100):\n"
                  "    open(os.path.join(os.environ['JUPYTER_RUNTIME_DIR'], str(i)), 'w')")
 
 
-def test_timeout_interrupts_only_that_cell_launches_still_work_and_files_by_the_sockets_kill(tmp_path):
+# What a submission could copy from the grader's environment into a failure message (its feedback goes back to the
+# student): jupyter_client starts a kernel with the grader's whole environment plus the kernelspec's, so the
+# graded kernel saw every variable of the instructor's shell (API tokens included) until the sandbox set its own.
+READS_ENV = "import os\nprint(sorted(k for k in os.environ if 'SECRET' in k), len(os.environ))"
+
+
+def test_timeout_interrupts_only_that_cell_launches_still_work_and_files_by_the_sockets_kill(tmp_path, monkeypatch):
     # The interrupt reaches the kernel's whole process group, forkserver included; it must survive (it ignores
     # SIGINT), or the next launch fails. The limit is 5 s (the forkserver starts with the kernel,
     # helpers.launcher.kernel, so no cell waits for it, and 2 ranks start in < 1 s), not 30 as when a first launch
     # started it. The loop sleeps, so it burns no core meanwhile (5 CPU-s); the interrupt stops it all the same, and
     # test_grade_fixture's infinite_loop is the spinning one.
     # The last cell piles files up where the kernel's sockets are, on the grader's disk (sandbox.runtime_overfull).
-    nb = notebook("%load_ext helpers", "import time\nwhile True:\n    time.sleep(0.1)",
+    # The first cell reads the environment: nothing of the grader's (a secret planted here) reaches the kernel.
+    monkeypatch.setenv("DP_COURSE_GRADER_SECRET", "hunter2")
+    nb = notebook("%load_ext helpers\n" + READS_ENV, "import time\nwhile True:\n    time.sleep(0.1)",
                   "%%ranks 2\nprint('after the loop')", FILLS_RUNTIME)
     result = execute(nb, str(tmp_path), limits(cell_seconds=5, total_seconds=120))
     assert [c["status"] for c in result.cells] == ["ok", "timeout", "ok", "error"], errors(nb)
+    seen = nb.cells[0].outputs[0]["text"]
+    assert seen.startswith("[] ") and int(seen.split()[1]) < 20, seen  # only the sandbox's own few variables
     assert result.status == "timeout" and result.kernels == 1
     assert "[rank 1] after the loop" in str(nb.cells[2].outputs)
     assert "wrote files in (or changed) the directory of its kernel's sockets, on the grader's disk" in str(

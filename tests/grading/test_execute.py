@@ -41,7 +41,7 @@ FILLS_RUNTIME = ("import os\nfor i in range(100):\n"
 # What a submission could copy from the grader's environment into a failure message (its feedback goes back to the
 # student): jupyter_client starts a kernel with the grader's whole environment plus the kernelspec's, so the
 # graded kernel saw every variable of the instructor's shell (API tokens included) until the sandbox set its own.
-READS_ENV = "import os\nprint(sorted(k for k in os.environ if 'SECRET' in k), len(os.environ))"
+READS_ENV = "import os\nprint(sorted(k for k in os.environ if 'SECRET' in k or k.startswith('PYTEST')))"
 
 
 def test_timeout_interrupts_only_that_cell_launches_still_work_and_files_by_the_sockets_kill(tmp_path, monkeypatch):
@@ -57,8 +57,8 @@ def test_timeout_interrupts_only_that_cell_launches_still_work_and_files_by_the_
                   "%%ranks 2\nprint('after the loop')", FILLS_RUNTIME)
     result = execute(nb, str(tmp_path), limits(cell_seconds=5, total_seconds=120))
     assert [c["status"] for c in result.cells] == ["ok", "timeout", "ok", "error"], errors(nb)
-    seen = nb.cells[0].outputs[0]["text"]
-    assert seen.startswith("[] ") and int(seen.split()[1]) < 20, seen  # only the sandbox's own few variables
+    # PYTEST_CURRENT_TEST too: the grader's process has it while this test runs (20 variables in all were seen).
+    assert nb.cells[0].outputs[0]["text"] == "[]\n", nb.cells[0].outputs
     assert result.status == "timeout" and result.kernels == 1
     assert "[rank 1] after the loop" in str(nb.cells[2].outputs)
     assert "wrote files in (or changed) the directory of its kernel's sockets, on the grader's disk" in str(

@@ -93,9 +93,15 @@ def test_the_forkserver_forks_from_huge_pages_once_it_forked_many_ranks():
     assert anon_huge_mib(pid) > 64, f"forkserver {pid}: {anon_huge_mib(pid)} MiB in huge pages"
 
 
-COUNT_FORKS = """
+# By its file, not through the helpers package, whose import brings torch (3.4 CPU-s per subprocess).
+LOAD = f"""
+import importlib.util
+spec = importlib.util.spec_from_file_location("hugepages", {hugepages.__file__!r})
+h = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(h)
+"""
+COUNT_FORKS = LOAD + """
 import os, sys
-import helpers.launcher.hugepages as h
 buf = bytearray(b"x" * (64 << 20))  # 64 MiB of private memory, written
 h.count_forks_here()  # as a forkserver forked from its kernel does (a no-op here: this process imported it)
 def huge():
@@ -132,12 +138,12 @@ def test_a_child_forking_on_its_own_never_collapses():
 
 
 def test_turned_off_or_unsupported_it_does_nothing():
-    code = "import helpers.launcher.hugepages as h, os; print(h.collapse())"
+    code = LOAD + "print(h.collapse())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "DP_COURSE_HUGEPAGES": "0"})
     assert out.stdout.strip() == "0", out.stderr
-    unsupported = ("import builtins, helpers.launcher.hugepages as h\n"
-                   "def no_proc(*a, **k): raise FileNotFoundError('/proc/self/maps')\n"
-                   "builtins.open = no_proc\nprint(h.collapse())")
+    unsupported = LOAD + ("import builtins\n"
+                          "def no_proc(*a, **k): raise FileNotFoundError('/proc/self/maps')\n"
+                          "builtins.open = no_proc\nprint(h.collapse())")
     out = subprocess.run([sys.executable, "-c", unsupported], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "0", out.stderr

@@ -50,15 +50,26 @@ def get(url):
         return response.status, response.read()
 
 
+def listening(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
 def wait_for_server(port, env, make, log):
+    """The server's entry in the server list, once its port accepts connections. jupyter_server writes that
+    entry in start_app and binds the port afterwards, in a callback of its event loop; a CI run (f0390d5) read
+    the entry, asked for chapter 00 in between and was refused."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if make.poll() is not None:
             pytest.fail(f"make lab exited ({make.returncode}) before serving; it printed:\n{log.read_text()}")
         servers = [s for s in running_servers(env) if s.get("port") == port]
-        if servers:
+        if servers and listening(port):
             return servers[0]
-        time.sleep(1)
+        time.sleep(0.5 if servers else 1)
     pytest.fail(f"no server on port {port} after {START_TIMEOUT_S} s; make lab printed:\n{log.read_text()}")
 
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from helpers import CollectiveHang, CollectiveMismatch, LaunchError, RankFailed, launch
 from helpers.launcher.magic import parse_line, ranks
+from tests.processes import fresh_interpreter_env
 
 # The rank functions below travel by value: by reference every rank would import this module, and pytest with it
 # (0.2 CPU-s a rank, in every launch).
@@ -232,7 +233,7 @@ def run_script(tmp_path, source, **env):
     script.write_text(source)
     # No torch._dynamo in the script's forkserver: no rank here needs it, and it costs 3 CPU-s per script.
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": os.getcwd(), "DP_COURSE_PRELOAD_DYNAMO": "0", **env})
+                          env=fresh_interpreter_env(PYTHONPATH=os.getcwd(), DP_COURSE_PRELOAD_DYNAMO="0", **env))
 
 
 def test_missing_main_guard_says_what_to_add(tmp_path):

@@ -6,14 +6,14 @@ import time
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from tests.processes import children_of
+from tests.processes import children_of, fresh_interpreter_env
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    manager, client = start_new_kernel(kernel_name="python3")
+    manager, client = start_new_kernel(kernel_name="python3", env=fresh_interpreter_env())
     yield manager, client
     client.stop_channels()
     manager.shutdown_kernel(now=True)

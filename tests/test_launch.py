@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import CollectiveHang, LaunchError, RankFailed, launch
-from tests.processes import forkserver_children, open_fds
+from tests.processes import forkserver_children, fresh_interpreter_env, open_fds
 
 # The rank functions below travel by value: by reference every rank would import this module, and pytest with it
 # (0.16 CPU-s a rank, in every launch).
@@ -21,7 +21,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.timeout(60)
 # For the scripts these tests start: their forkserver preloads no torch._dynamo, which no rank here uses (3 CPU-s
 # less per script; helpers.launch.preload_modules).
-NO_DYNAMO = {**os.environ, "DP_COURSE_PRELOAD_DYNAMO": "0"}
+NO_DYNAMO = fresh_interpreter_env(DP_COURSE_PRELOAD_DYNAMO="0")
 
 
 def rank_and_sum(offset):

@@ -4,7 +4,6 @@ One release is built for the module (the scan of every shipped file: about 20 s 
 it gets PYTHONPATH=<release>, so `helpers` is the release's own, never this repository's editable install.
 """
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 
 from helpers.grading import answer_scan, release
 from helpers.grading.labgen import ROOT
+from tests.processes import fresh_interpreter_env
 
 # Lines of an answer that a shipped helper holds on purpose, below the scan's bar (release.py's docstring).
 OPEN = {
@@ -30,7 +30,7 @@ def regions():
 
 def in_release(out, *args, timeout=300):
     """Run a command inside the release with its own helpers; returns the CompletedProcess."""
-    env = {**os.environ, "PYTHONPATH": str(out)}
+    env = fresh_interpreter_env(PYTHONPATH=str(out))
     return subprocess.run(args, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -47,6 +47,7 @@ help:
 	@echo "make setup  create .venv and install the course into it (idempotent) [TORCH_INDEX=url|default]"
 	@echo "make gpu-check   on a machine with GPUs: every chapter, lab solution and the capstone on NCCL ->"
 	@echo "            artifacts/gpu-check/report.md (without a GPU: says so, exits 0)"
+	@echo "            [GPU_CHECK_ARGS=\"--pretend-gpus 3\"]: rehearse on a CPU the world sizes of 3 GPUs, on Gloo"
 	@echo "make clean  remove .venv and test artifacts"
 
 setup: $(STAMP)
@@ -111,7 +112,7 @@ release: setup
 # Every chapter and solution under papermill with BACKEND="nccl" and world sizes capped at the GPU count, the device
 # guard in its "check" mode, then the capstone under torchrun; scripts/gpu_check.py says what the report holds.
 gpu-check: setup
-	$(PY) scripts/gpu_check.py
+	$(PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -12,6 +12,12 @@ then chapters/capstone/train_gpt.py runs under torchrun on every GPU. The labs' 
 The report, artifacts/gpu-check/report.md, is the one file to send with a bug report: per notebook pass or
 fail and the first error, each cell's time, the device each rank saw, the bytes measured per collective.
 Without a GPU: one line, exit 0.
+
+    .venv/bin/python scripts/gpu_check.py --pretend-gpus 3 [--only ...]
+
+rehearses on a CPU what a machine with 3 GPUs would run: the same world sizes, on Gloo, with the device guard
+pretending (helpers/launcher/device_guard.py). It catches a notebook that breaks at the capped sizes, which CI's
+runs at the committed sizes cannot; it was run for 2 and 3 GPUs before a release.
 """
 import argparse
 import ast
@@ -54,7 +60,13 @@ def gpu_count():
 
 
 def parameters_for(path, gpus):
-    """Papermill parameters: NCCL, and world sizes that fit on `gpus` GPUs (from the committed parameters cell)."""
+    """Papermill parameters: NCCL, and world sizes that fit on `gpus` GPUs (from the committed parameters cell).
+
+    NCCL takes one GPU per rank, and some cells launch a fixed 2 ranks (chapter 11's debugging demonstrations,
+    chapter 09's load on fewer ranks): on one GPU a notebook keeps its world sizes and BACKEND "auto", which puts
+    1-rank launches on the GPU and the others on Gloo, as a student's run on that machine does. Chapter 09's 2-D
+    meshes (REPLICAS x WORLD_SIZE // REPLICAS) need both dimensions of 2 or more: with fewer GPUs than that its
+    WORLD_SIZE stays and BACKEND is "auto" too."""
     cells = json.loads(pathlib.Path(path).read_text())["cells"]
     source = next(("".join(c["source"]) for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])), "")
     committed = {}
@@ -64,6 +76,8 @@ def parameters_for(path, gpus):
                 committed[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
                 pass
+    if gpus < 2:
+        return {"BACKEND": "auto"} if "BACKEND" in committed else {}
     chosen = {"BACKEND": "nccl"} if "BACKEND" in committed else {}
     for name, value in committed.items():
         if "WORLD_SIZE" not in name:
@@ -71,7 +85,16 @@ def parameters_for(path, gpus):
         if isinstance(value, int):
             chosen[name] = min(value, gpus)
         elif isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
-            chosen[name] = type(value)(v for v in value if v <= gpus) or type(value)([min(value[0], gpus)])
+            # a list: papermill writes a tuple parameter into the notebook as the string of the tuple
+            chosen[name] = [v for v in value if v <= gpus] or [min(value[0], gpus)]
+    replicas, world_size = committed.get("REPLICAS"), chosen.get("WORLD_SIZE")
+    if isinstance(replicas, int) and isinstance(world_size, int) and (world_size % replicas
+                                                                      or world_size < 2 * replicas):
+        # Too few GPUs for a mesh with both dimensions of 2 or more (a shard group of 1 has nothing to gather):
+        # the mesh cells keep their world size, on Gloo; what fits on the GPUs still runs there.
+        del chosen["WORLD_SIZE"]
+        if "BACKEND" in chosen:
+            chosen["BACKEND"] = "auto"
     return chosen
 
 
@@ -90,13 +113,15 @@ def collect_log(directory):
     return {r: sorted(d) for r, d in sorted(devices.items())}, rows
 
 
-def run_notebook(path, gpus, out_dir):
-    """Execute one notebook on NCCL with papermill; its Result."""
+def run_notebook(path, gpus, out_dir, rehearsal=False):
+    """Execute one notebook on NCCL with papermill (rehearsal: on Gloo, the guard pretending); its Result."""
     import papermill
 
     log = pathlib.Path(tempfile.mkdtemp(prefix="collectives-", dir=out_dir))
     params = parameters_for(path, gpus)
-    env = {"DP_COURSE_DEVICE_GUARD": "check", "DP_COURSE_COLLECTIVE_LOG": str(log)}
+    if rehearsal and "BACKEND" in params:
+        params["BACKEND"] = "gloo"
+    env = {"DP_COURSE_DEVICE_GUARD": "pretend" if rehearsal else "check", "DP_COURSE_COLLECTIVE_LOG": str(log)}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits them; its launches pass them on to the ranks
     executed = out_dir / "executed" / path.relative_to(ROOT)
@@ -205,8 +230,11 @@ def main(argv=None):
     parser.add_argument("--out", default=str(ROOT / "artifacts" / "gpu-check"))
     parser.add_argument("--only", nargs="*", help="notebooks to run (default: every chapter and solution)")
     parser.add_argument("--no-capstone", action="store_true", help="skip the torchrun run of the capstone")
+    parser.add_argument("--pretend-gpus", type=int, choices=range(1, 9), metavar="N",
+                        help="rehearse on the CPU: the world sizes of N GPUs, on Gloo, the device guard pretending")
     options = parser.parse_args(argv)
-    gpus = gpu_count()
+    rehearsal = options.pretend_gpus is not None
+    gpus = options.pretend_gpus if rehearsal else gpu_count()
     if gpus == 0:
         print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing to run")
         return 0
@@ -216,13 +244,19 @@ def main(argv=None):
     notebooks = [(ROOT / p).resolve() for p in options.only] if options.only else NOTEBOOKS
     results = []
     for path in notebooks:
-        results.append(run_notebook(path, gpus, out))
+        results.append(run_notebook(path, gpus, out, rehearsal))
         print(f"{results[-1].name}: {'pass' if results[-1].passed else 'FAIL'} ({results[-1].seconds:.1f} s)",
               flush=True)
-    if not options.no_capstone:
+    if not (options.no_capstone or rehearsal):  # tests/test_capstone_torchrun.py runs it on the CPU
         results.append(run_capstone(gpus))
         print(f"{results[-1].name}: {'pass' if results[-1].passed else 'FAIL'}", flush=True)
-    report = write_report(results, machine(), out / "report.md")
+    info = machine()
+    if rehearsal:
+        info["note"] = f"a rehearsal on the CPU: the world sizes of {gpus} GPU(s), on Gloo, the device guard pretending"
+    elif gpus == 1:
+        info["note"] = ("one GPU: NCCL takes one GPU per rank, so launches of 2 or more ranks ran on Gloo "
+                        "(BACKEND \"auto\"); the devices column says where each rank computed")
+    report = write_report(results, info, out / "report.md")
     print(f"report: {report}")
     return 0 if all(r.passed for r in results) else 1
 

@@ -1,5 +1,6 @@
 """`make gpu-check` (scripts/gpu_check.py) without a GPU: its one-line exit, its report from a fake run, its inputs."""
 import importlib.util
+import os
 import pathlib
 import re
 import subprocess
@@ -60,7 +61,20 @@ def test_parameters_cap_world_sizes_at_the_gpu_count():
     assert gpu_check.parameters_for(chapter00, 8) == {"BACKEND": "nccl", "WORLD_SIZE": 4}
     chapter07 = ROOT / "chapters" / "07_zero_1_and_2.ipynb"
     params = gpu_check.parameters_for(chapter07, 3)
-    assert params["WORLD_SIZE"] == 3 and params["WORLD_SIZES"] == (2, 3) and params["ZRO_WORLD_SIZE"] == 3
+    assert params["WORLD_SIZE"] == 3 and params["WORLD_SIZES"] == [2, 3] and params["ZRO_WORLD_SIZE"] == 3
+
+
+def test_parameters_keep_chapter_09s_mesh_whole_and_one_gpu_on_auto():
+    # Chapter 09 builds REPLICAS x (WORLD_SIZE // REPLICAS) meshes, REPLICAS = 2: on 3 GPUs a world of 3 is no such
+    # mesh, and on 2 the shard groups would be of 1 (nothing to gather: its byte table fails). So its meshes stay
+    # at 4 ranks, on Gloo ("auto"), and its 2-rank section runs on the GPUs. One GPU cannot hold 2 NCCL ranks, and
+    # chapters 09 and 11 launch a fixed 2.
+    chapter09 = ROOT / "chapters" / "09_pytorch_fsdp.ipynb"
+    for gpus in (2, 3):
+        assert gpu_check.parameters_for(chapter09, gpus) == {"BACKEND": "auto", "AC_WORLD_SIZE": 2}
+    assert gpu_check.parameters_for(chapter09, 4) == {"BACKEND": "nccl", "WORLD_SIZE": 4, "AC_WORLD_SIZE": 2}
+    for chapter in (chapter09, ROOT / "chapters" / "11_operations.ipynb"):
+        assert gpu_check.parameters_for(chapter, 1) == {"BACKEND": "auto"}
 
 
 def _one_all_reduce():
@@ -84,3 +98,20 @@ def test_make_has_the_target_and_its_help_line():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^gpu-check: setup\n\t\$\(PY\) scripts/gpu_check\.py", makefile, re.M)
     assert "make gpu-check" in makefile and "gpu-check" in re.search(r"^\.PHONY:.*$", makefile, re.M).group()
+
+
+def test_a_rehearsal_runs_the_capped_sizes_on_gloo_with_the_guard_pretending(tmp_path, monkeypatch):
+    import papermill
+
+    seen = []
+
+    def execute_notebook(source, executed, parameters, **options):  # what the kernel would get
+        seen.append((pathlib.Path(source).name, parameters, os.environ["DP_COURSE_DEVICE_GUARD"]))
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    code = gpu_check.main(["--pretend-gpus", "2", "--out", str(tmp_path),
+                           "--only", "chapters/00_first_distributed_program.ipynb"])
+    assert code == 0
+    assert seen == [("00_first_distributed_program.ipynb", {"BACKEND": "gloo", "WORLD_SIZE": 2}, "pretend")]
+    report = (tmp_path / "report.md").read_text()
+    assert "a rehearsal on the CPU: the world sizes of 2 GPU(s)" in report and "train_gpt" not in report

@@ -208,3 +208,19 @@ def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path
     assert "1 failed, 5 passed" in stdout, stdout[-3000:]
     # pytest ends the FAILED line with " - <reason>" when the terminal is wide enough for it.
     assert re.search(r"98_planted\.ipynb::Cell 2\b", stdout) and "DeviceGuardError" in stdout, stdout[-3000:]
+
+
+def test_no_cell_of_the_course_is_cpu_only_by_reading():
+    # What the runtime guard cannot see (outside a rank, a "cpu" mesh, unguarded GPU-only calls), read in every
+    # code cell of the chapters, labs and solutions.
+    import nbformat
+
+    from helpers.grading.labgen import ROOT
+
+    found = []
+    for path in sorted(ROOT.glob("chapters/*.ipynb")) + sorted(ROOT.glob("labs/*.ipynb")) + \
+            sorted(ROOT.glob("solutions/*.ipynb")):
+        cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        found += [f"{path.relative_to(ROOT)} cell {i} line {line}: {what}"
+                  for i, cell in enumerate(cells) for line, what in scan_source(cell.source)]
+    assert not found, "\n".join(found)

@@ -41,6 +41,15 @@ def save_checkpoint(path, model, optimizer, next_step):
     dist.barrier()
 '''
 
+_LOAD = '''
+def load_checkpoint(path, model, optimizer):
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"][dist.get_rank()])
+    return state["next_step"]
+'''
+
 MISTAKES = [
     Mistake("11.1", "the given version: bincount without minlength", "class_counts = class_counts_given",
             ("differ in shape", "minlength=num_classes"), run_fails=True),
@@ -149,6 +158,10 @@ def load_checkpoint(path, model, optimizer):
     torch.set_rng_state(state["rng"][dist.get_rank()])
     return state["next_step"]
 ''', ("momentum was not restored", "optimizer.load_state_dict")),
+    Mistake("11.4", "torch.save straight to path: a crash mid-save leaves half a file", _SAVE.replace(
+        '''torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)''', "torch.save(state, path)") + _LOAD,
+            ("left `path` unreadable", "os.replace(path + '.tmp', path)")),
     Mistake("11.4", "load_checkpoint returns nothing", _SAVE + '''
 def load_checkpoint(path, model, optimizer):
     state = torch.load(path, weights_only=True)

@@ -3,7 +3,9 @@
 Three launches on 2 ranks: an uninterrupted run (recording, at the start of every step, what a resume must
 restore), a run whose last rank dies (os._exit) in the middle of step CRASH_AT, and a relaunch that resumes from
 the checkpoint. The loop is the lab's train_resumable, with records added; the student writes save and load.
+A fourth launch, on 1 rank, tears a save in the middle of torch.save: the checkpoint before it must still load.
 """
+import io
 import os
 import shutil
 import tempfile
@@ -111,3 +113,74 @@ def resumed_run_equals_uninterrupted_bit_for_bit(ns):
             f"uninterrupted run of {STEPS} steps by up to {(final - expected).abs().max().item():.3g}; "
             "they must be equal bit for bit (torch.equal)")
     assert torch.equal(resumed[1][2], resumed[0][2]), "rank 1's parameters differ from rank 0's after the resume"
+
+
+class _TornSave(Exception):
+    """Raised by the torn torch.save below: the process "dies" half-way through writing a checkpoint."""
+
+
+def _torn_save(save_checkpoint, load_checkpoint, make_model, path, step):
+    """On 1 rank: a whole save at `step`, then a save of other parameters at step + 1 whose torch.save writes half
+    of its bytes and fails; then what a resume loads: (next_step, the parameters saved whole, those loaded), or
+    ("unreadable", the error)."""
+    device = rank_device()
+    model = make_model(SEED).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    save_checkpoint(path, model, optimizer, step)
+    saved = _flat(model)
+    whole_save = torch.save
+
+    def torn(obj, f, *args, **kwargs):
+        if isinstance(f, io.BytesIO):  # a tensor being pickled (all_gather_object's), not a file being written
+            return whole_save(obj, f, *args, **kwargs)
+        buffer = io.BytesIO()
+        whole_save(obj, buffer, *args, **kwargs)
+        half = buffer.getvalue()[: buffer.tell() // 2]
+        if hasattr(f, "write"):
+            f.write(half)
+        else:
+            with open(f, "wb") as out:
+                out.write(half)
+        raise _TornSave()
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    torch.save = torn  # in this rank's process only, which ends with the launch
+    try:
+        save_checkpoint(path, model, optimizer, step + 1)
+    except _TornSave:
+        pass
+    finally:
+        torch.save = whole_save
+    fresh = make_model(SEED + 1).to(device)
+    try:
+        loaded = load_checkpoint(path, fresh, torch.optim.SGD(fresh.parameters(), lr=0.05, momentum=0.9))
+    except Exception as exc:  # noqa: BLE001 - a half-written file fails to unpickle in many ways
+        return "unreadable", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+    return loaded, saved, _flat(fresh)
+
+
+@public_check("11.4")
+def a_crash_during_a_save_leaves_the_last_checkpoint_whole(ns):
+    fns = tuple(answer(ns, name) for name in ("save_checkpoint", "load_checkpoint", "make_model"))
+    step = CRASH_AT
+
+    def run():
+        root = tempfile.mkdtemp(prefix="lab11_4_torn_")
+        try:
+            return _launch(_torn_save, *fns, os.path.join(root, "ckpt.pt"), step, world_size=1)[0]
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    outcome = _memoized("11.4 torn save", definitions(ns), run)
+    atomic = ("write the file under another name (path + '.tmp') and then os.replace(path + '.tmp', path), which "
+              "swaps the whole file in at once")
+    if outcome[0] == "unreadable":
+        raise AssertionError(f"a save that crashed half-way through torch.save left `path` unreadable "
+                             f"({outcome[1]}), so the job cannot resume: {atomic}")
+    loaded, saved, restored = outcome
+    assert loaded == step and torch.equal(restored, saved), (
+        f"after a whole save of step {step} and a save of step {step + 1} that crashed half-way through torch.save, "
+        f"load_checkpoint returned step {loaded!r}" + ("" if loaded != step else " with other parameters") +
+        f": the crashed save must leave the checkpoint of step {step} as it was; {atomic}")

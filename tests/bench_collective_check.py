@@ -15,29 +15,9 @@ The spread between runs is large; in each run DETAIL cost about twice what check
 """
 import argparse
 import statistics
-import time
-
-import torch
-import torch.distributed as dist
 
 from helpers import launch
-
-_WARM_UP = 50
-
-
-def timed_all_reduces(calls, detail):
-    """Seconds per all_reduce of one float32, on the default group or on a DETAIL-wrapped copy of it."""
-    group = None
-    if detail:
-        dist.set_debug_level(dist.DebugLevel.DETAIL)  # groups made from now on get the fingerprint check
-        group = dist.new_group(backend="gloo")
-    t = torch.ones(1)
-    times = []
-    for i in range(_WARM_UP + calls):
-        start = time.perf_counter()
-        dist.all_reduce(t, group=group)
-        times.append(time.perf_counter() - start)
-    return times[_WARM_UP:]
+from helpers.launcher.collective_check import timed_all_reduces
 
 
 def median_us(world_size, calls, check=False, detail=False):

@@ -33,6 +33,7 @@ This check catches all five (tests/test_collective_mismatch.py).
 """
 import json
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -172,3 +173,24 @@ def mismatch_text(calls):
     advice = ("Every rank must call the same collectives in the same order, with the same shapes, dtypes, reduce "
               "op and root: look for a shape, an op or a branch that depends on the rank.")
     return "\n".join([head, *body, what, advice])
+
+
+def timed_all_reduces(calls, detail=False, warm_up=50):
+    """On a rank: seconds of each of `calls` all_reduces of one float32, after `warm_up` untimed ones; on the
+    default group, or (detail) on a copy of it made under DebugLevel.DETAIL, as TORCH_DISTRIBUTED_DEBUG=DETAIL makes
+    every group. One element makes the collective as cheap as it gets, so a check's cost shows whole: neither check
+    grows with the tensor (the fingerprints are the same size)."""
+    group = None
+    if detail:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)  # groups made from now on get the fingerprint check
+        group = dist.new_group(backend="gloo")
+    from helpers.backend import rank_device
+
+    t = torch.ones(1, device=rank_device())
+    times = []
+    for _ in range(warm_up + calls):
+        start = time.perf_counter()
+        dist.all_reduce(t, group=group)
+        times.append(time.perf_counter() - start)
+    return times[warm_up:]
+

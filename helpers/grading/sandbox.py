@@ -213,6 +213,9 @@ def kernel_env(workdir, preload_dynamo=True, threads=0):
     """Environment of the graded kernel: everything writable lives in its own directory."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
     env["DP_COURSE_PRELOAD_DYNAMO"] = "1" if preload_dynamo else "0"
+    # Imported by the kernel before any student cell (and by its forkserver): probe_runtime keeps the originals of
+    # what the probe cells call, and puts them back before each (probe_runtime._ORIGINALS).
+    env["DP_COURSE_PRELOAD"] = "helpers.grading.probe_runtime"
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)  # torch reads it at import (grade.kernel_threads says why)
     kernel = os.path.join(workdir, "kernel")

@@ -217,3 +217,29 @@ def test_honest_answers_that_look_like_the_shell_are_not_refused(source):
 ])
 def test_what_the_allowed_magics_run_is_read(source, why):
     assert refusal(source, ()).startswith(why), refusal(source, ())
+
+
+def test_an_answer_that_replaced_display_or_the_launcher_changes_no_probe(monkeypatch, capsys):
+    # Two red-team submissions scored this way: an answer cell replaced IPython.display.display (the fake rewrote
+    # the probe's values and kept its nonce) or helpers.grading.shared_run.launch_gloo (the probe's SETUP imports
+    # it after the answers ran). run_probes puts back what the kernel had before any student cell ran.
+    import types
+
+    import IPython
+    import IPython.display
+
+    from helpers.grading import probe_runtime, shared_run
+
+    def forged(*args, **kwargs):
+        print("FORGED")
+        return [1.0, 1.0]
+
+    monkeypatch.setattr(IPython.display, "display", forged)
+    monkeypatch.setattr(shared_run, "launch_gloo", forged)
+    namespace = {}
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(user_ns=namespace))
+    setup = "from helpers.grading.shared_run import launch_gloo as _probe_launch\n"
+    probe_runtime.run_probes("1.1", setup, [("launcher", "_probe_launch.__module__ + '.' + _probe_launch.__name__")],
+                             "nonce", 1)
+    shown = capsys.readouterr().out
+    assert "FORGED" not in shown and "helpers.grading.shared_run.launch_gloo" in shown, shown

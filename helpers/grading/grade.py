@@ -25,13 +25,14 @@ import time
 
 import nbformat
 
-from helpers.grading import cgroup, gradebook, similarity_report
+from helpers.grading import cgroup, gradebook, similarity_report, submissions
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
 from helpers.grading.execute import Limits
 from helpers.grading.grade_student import (
     Task,
     grade_student,
+    refused_result,
     result_path,
     run_one,
     write_result,
@@ -156,7 +157,7 @@ def kernel_threads(jobs):
     return max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
-def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_dir=None, solutions_dir=None,
+def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, labs_dir=None, solutions_dir=None,
           resume=False, only=()):
     """Grade every *.ipynb in submissions into out; return the per-student results (dicts)."""
     lab, out = f"{int(lab):02d}", pathlib.Path(out)
@@ -164,7 +165,7 @@ def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_d
     solution_path = lab_notebook(solutions_dir or ROOT / "solutions", lab)
     setup, probes = probe_files.load(lab, probes_dir)
     limits = limits or default_limits([probes_dir or probe_files.DEFAULT_DIR, solutions_dir or ROOT / "solutions",
-                                       submissions, out])
+                                       submissions_dir, out])
     limits = dataclasses.replace(limits, preload_dynamo=ranks_need_dynamo(released, setup),
                                  threads=limits.threads or kernel_threads(jobs))
     for sub in ("executed", "feedback", "results", "logs"):
@@ -179,13 +180,26 @@ def grade(lab, submissions, out, *, probes_dir=None, jobs=2, limits=None, labs_d
         expected = expected_values(released, solution, setup, probes, state["seed"], limits)
         run_state.save(out, {**state, "expected": expected})
     task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(out), limits)
-    paths = {p.stem: str(p) for p in sorted(pathlib.Path(submissions).glob("*.ipynb"))}
-    todo = _to_grade(out, paths, resume, only)
-    run_class(task, todo, jobs, student_limit(released, limits), ctx)
-    results = load_results(out, sorted(paths))
+    paths, refused = submissions.listing(submissions_dir)
+    todo = _to_grade(out, {**paths, **refused}, resume, only)
+    refuse(out, lab, probes_dir, {s: refused[s] for s, _ in todo if s in refused})
+    run_class(task, [(s, p) for s, p in todo if s in paths], jobs, student_limit(released, limits), ctx)
+    results = load_results(out, sorted({**paths, **refused}))
     write_outputs(out, probes, results, probe_files.load_manual(lab, probes_dir))
-    _write_similarity(out, lab, released, paths)
+    _write_similarity(out, lab, released, {**paths, **refused_paths(submissions_dir, refused)})
     return results
+
+
+def refuse(out, lab, probes_dir, refused):
+    """An `error` result for each entry of SUBMISSIONS that is not a regular file {student: why}: none is opened."""
+    probes = probe_files.load(lab, probes_dir)[1]
+    for student, why in refused.items():
+        write_result(out, {**refused_result(student, probes, why), "seconds": 0.0})
+
+
+def refused_paths(directory, refused):
+    """{student: path} of the refused entries: the similarity report lists them as not read, without opening one."""
+    return {student: str(pathlib.Path(directory) / f"{student}.ipynb") for student in refused}
 
 
 def _write_similarity(out, lab, released, paths):
@@ -287,7 +301,7 @@ def _export(options, results):
     lab = f"{int(options.lab):02d}"
     deadline = gradebook.parse_time(options.deadline) if options.deadline else None
     times = (gradebook.times_from_csv(options.times) if options.times
-             else gradebook.times_from_mtimes(pathlib.Path(options.submissions).glob("*.ipynb")))
+             else gradebook.times_from_mtimes(submissions.listing(options.submissions)[0].values()))
     return write_lms(options.out, results, probe_files.load(lab, options.probes)[1], options.format,
                      assignment=options.assignment or f"Lab {lab}", deadline=deadline,
                      per_day=options.late_per_day, max_days=options.late_max_days, times=times,

@@ -19,6 +19,7 @@ from helpers.grading import probes as probe_files
 from helpers.grading.assemble import answer_sources, assemble, probe_values
 from helpers.grading.execute import execute
 from helpers.grading.scope import outside_names
+from helpers.grading.submissions import SubmissionError, read_notebook
 
 
 @dataclasses.dataclass
@@ -80,16 +81,21 @@ def write_result(out, result):
     os.replace(tmp, path)
 
 
+def refused_result(student, probes, why):
+    """The `error` result of a submission that could not be read: why is said in the feedback, every probe 0."""
+    return {"student": student, "status": "error", "missing": [], "cells": [], "kernels": 0,
+            "marks": zero_marks(probes, "the notebook could not be read"), "error": why}
+
+
 def grade_student(task, student, path):
     """Grade one student and write the result; returns it."""
     start = time.monotonic()
     setup, probes = probe_files.load(task.lab, task.probes_dir)
     try:
-        submission = nbformat.read(path, as_version=4)
+        submission = read_notebook(path)  # a regular file only, capped; its messages quote nothing of it
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the student's problem
-        result = {"student": student, "status": "error", "missing": [], "cells": [], "kernels": 0,
-                  "marks": zero_marks(probes, "the notebook could not be read"),
-                  "error": f"not a readable notebook: {type(exc).__name__}: {str(exc)[:300]}"}
+        why = str(exc) if isinstance(exc, SubmissionError) else f"not a readable notebook ({type(exc).__name__})"
+        result = refused_result(student, probes, why)
     else:
         result = _graded(task, student, submission, setup, probes)
     result["seconds"] = round(time.monotonic() - start, 1)

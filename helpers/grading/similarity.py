@@ -42,9 +42,8 @@ import statistics
 import tokenize
 import warnings
 
-import nbformat
-
 from helpers.grading.assemble import answer_questions, find_answer
+from helpers.grading.submissions import SubmissionError, read_notebook
 
 K = 5               # tokens in a fingerprint: `dist . all_reduce ( V` is one
 WINDOW = 4          # winnowing window: shared runs of K + WINDOW - 1 = 8 tokens are always found
@@ -271,10 +270,13 @@ def read_class(released, paths):
         try:
             with warnings.catch_warnings():  # nbformat's validation notes (duplicate cell ids): the grader's to say
                 warnings.simplefilter("ignore")
-                submission = nbformat.read(path, as_version=4)
+                submission = read_notebook(path)  # a regular file only, capped (submissions.py)
             found = {q: _answer_source(released, submission, q) for q in sources}
+        except SubmissionError as exc:  # its message quotes nothing of the file
+            result.unread[student] = str(exc)
+            continue
         except Exception as exc:  # an unreadable file is that student's note, never the class's end
-            result.unread[student] = f"not a readable notebook ({type(exc).__name__}: {str(exc)[:80]})"
+            result.unread[student] = f"not a readable notebook ({type(exc).__name__})"
             continue
         for question, source in found.items():
             if source is None:

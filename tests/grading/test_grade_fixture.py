@@ -16,6 +16,7 @@ import pytest
 
 from helpers.grading import grade as grading
 from helpers.grading import state as run_state
+from helpers.grading import submissions
 from helpers.grading.cgroup import PREFIX, pids_root
 from helpers.grading.grade_student import Task
 from helpers.grading.report import load_results
@@ -104,6 +105,11 @@ def graded(tmp_path_factory):
     for student, (add, rank_sum, edit, *_rest) in CLASS.items():
         lab.submission(root, student, add, rank_sum, edit)
     (root / "submissions" / "garbage.ipynb").write_text("{ not a notebook")
+    # Entries that are not a student's file (tests/grading/test_submissions.py has each kind): the solution scored
+    # full marks through the symlink; the FIFO held that student for the hard limit, then the similarity report
+    # for ever.
+    (root / "submissions" / "sol_link.ipynb").symlink_to(next((root / "solutions").glob("97_*.ipynb")))
+    os.mkfifo(root / "submissions" / "fifo.ipynb")
     out = root / "out"
     limits = fixture_limits([root / "probes", root / "solutions", root / "submissions", out])
     start = time.monotonic()
@@ -132,7 +138,8 @@ def test_progress_and_quiet_logs(graded):
     # warning (one per rank before the sandbox had an /etc/hosts: helpers/grading/sandbox.py).
     root, out, rows, _, _ = graded
     shown = (root / "grader_stderr.txt").read_text()
-    assert re.search(rf"grading: 100%.*\b{len(rows)}/{len(rows)}\b", shown), shown[-2000:]
+    graded_ones = len(rows) - len(NOT_REGULAR)  # refused without a grading process
+    assert re.search(rf"grading: 100%.*\b{graded_ones}/{graded_ones}\b", shown), shown[-2000:]
     logs = {p.name: p.read_text(errors="replace") for p in (out / "logs").glob("*.log")}
     assert logs and len(logs) >= len(CLASS) - 1, sorted(logs)  # not_started never starts a kernel
     noisy = [name for name, text in logs.items() if "hostname of the client socket" in text]
@@ -143,6 +150,17 @@ def test_unreadable_notebook_is_an_error_row(graded):
     _, out, rows, _, _ = graded
     assert rows["garbage"]["status"] == "error" and rows["garbage"]["total"] == "0"
     assert "could not be read" in (out / "feedback" / "garbage.md").read_text()
+
+
+NOT_REGULAR = ("sol_link", "fifo")
+
+
+@pytest.mark.parametrize("student", NOT_REGULAR)
+def test_a_symlink_or_a_fifo_is_an_error_row(graded, student):
+    _, out, rows, _, seconds = graded
+    assert (rows[student]["status"], rows[student]["total"]) == ("error", "0"), rows[student]
+    assert submissions.NOT_REGULAR in (out / "feedback" / f"{student}.md").read_text()
+    assert f"- {student}: {submissions.NOT_REGULAR}" in (out / "similarity.md").read_text()
 
 
 def test_similarity_report_names_the_copying_pair_and_no_honest_one(graded):

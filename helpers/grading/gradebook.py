@@ -48,6 +48,8 @@ import datetime
 import math
 import pathlib
 
+from helpers.grading.spreadsheet import original, write_csv
+
 UTC = datetime.timezone.utc
 DAY_S = 86400
 NO_GRADE = {"grader_error", "manual_pending"}  # statuses with no grade to upload
@@ -138,10 +140,7 @@ def gradebook_rows(totals, fmt, assignment, deadline=None):
 
 def write_gradebook(path, totals, fmt, assignment, deadline=None):
     """Write the import file for fmt at path; returns the path."""
-    path = pathlib.Path(path)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f, lineterminator="\n").writerows(gradebook_rows(totals, fmt, assignment, deadline))
-    return path
+    return write_csv(pathlib.Path(path), gradebook_rows(totals, fmt, assignment, deadline), lineterminator="\n")
 
 
 # --- late policy -------------------------------------------------------------------------------------------
@@ -197,7 +196,7 @@ def times_from_csv(path):
         times = {}
         for line, row in enumerate(reader, start=2):
             try:
-                times[row["student"].strip()] = parse_time(row["submitted_iso"])
+                times[original(row["student"].strip())] = parse_time(row["submitted_iso"])
             except ValueError as error:
                 raise ValueError(f"{path}:{line}: submitted_iso={row['submitted_iso']!r} is not an ISO 8601 "
                                  f"time ({error}); write e.g. 2026-03-01T23:59:00+00:00") from None

@@ -21,6 +21,8 @@ grader never judges them; it hands them to the instructor and counts what the in
 import csv
 import pathlib
 
+from helpers.grading.spreadsheet import original, write_csv
+
 SHEET = "manual.csv"
 _COLUMNS = ["student", "question", "points", "max", "words", "text"]
 
@@ -59,7 +61,7 @@ def read_points(out, items):
             if not 0 <= value <= top:
                 raise ValueError(f"{path}:{line}: points={text!r} for {row['student']}, {row['question']}; enter a "
                                  f"number from 0 to {top:g}, or leave it empty while the item is not graded")
-            points[(row["student"], row["question"])] = value
+            points[(original(row["student"]), row["question"])] = value  # the id as written, quoted or not
     return points
 
 
@@ -79,8 +81,7 @@ def write_sheet(out, items, results):
             entered = points.get((result["student"], item.question))
             rows.append([result["student"], item.question, "" if entered is None else f"{entered:g}",
                          f"{item.points:g}", len(text.split()) if text else 0, relative])
-    with open(out / SHEET, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f, lineterminator="\n").writerows([_COLUMNS, *rows])
+    write_csv(out / SHEET, [_COLUMNS, *rows], lineterminator="\n")
     return points
 
 

@@ -4,11 +4,11 @@ A lab with parts graded by hand (helpers/grading/manual.py) also gets OUT/manual
 grades.csv has a column "<question> (by hand)" per part, the points entered (empty while pending), and a `by_hand`
 column, `pending` or `graded`; `total` counts the points known, `max` all of them.
 """
-import csv
 import json
 import pathlib
 
 from helpers.grading import manual
+from helpers.grading.spreadsheet import write_csv
 from helpers.grading.feedback import feedback_markdown
 from helpers.grading.grade_student import result_path
 
@@ -42,29 +42,24 @@ def write_outputs(out, probes, results, items=()):
     maximum = sum(p.points for p in probes) + sum(item.points for item in items)
     points = {q: sum(p.points for p in probes if p.question == q) for q in questions}
     entered = manual.write_sheet(out, items, results) if items else {}
-    with open(out / "grades.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        by_hand = [f"{item.question} (by hand)" for item in items]
-        writer.writerow(["student", *questions, *by_hand, "total", "max", "status", "seconds",
-                         *(["by_hand"] if items else [])])
-        for r in results:
-            earned = totals(r, questions)
-            hand, complete = manual.earned(entered, r["student"], items)
-            known = sum(earned.values()) + sum(v for v in hand.values() if v is not None)
-            writer.writerow([r["student"], *(f"{earned[q]:g}" for q in questions),
-                             *("" if v is None else f"{v:g}" for v in hand.values()),
-                             f"{known:g}", f"{maximum:g}", r["status"], r["seconds"],
-                             *([("graded" if complete else "pending")] if items else [])])
+    by_hand = [f"{item.question} (by hand)" for item in items]
+    rows = [["student", *questions, *by_hand, "total", "max", "status", "seconds", *(["by_hand"] if items else [])]]
+    for r in results:
+        earned = totals(r, questions)
+        hand, complete = manual.earned(entered, r["student"], items)
+        known = sum(earned.values()) + sum(v for v in hand.values() if v is not None)
+        rows.append([r["student"], *(f"{earned[q]:g}" for q in questions),
+                     *("" if v is None else f"{v:g}" for v in hand.values()),
+                     f"{known:g}", f"{maximum:g}", r["status"], r["seconds"],
+                     *([("graded" if complete else "pending")] if items else [])])
+    write_csv(out / "grades.csv", rows)
     for r in results:
         hand = manual.earned(entered, r["student"], items)[0]
         text = feedback_markdown(r, questions, points, [(item, hand[item.question]) for item in items])
         (out / "feedback" / f"{r['student']}.md").write_text(text)
-    with open(out / "cells.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", "cell", "kind", "status", "seconds"])
-        for r in results:
-            for c in r["cells"]:
-                writer.writerow([r["student"], c["index"], c["kind"], c["status"], c["seconds"]])
+    write_csv(out / "cells.csv", [["student", "cell", "kind", "status", "seconds"],
+                                  *([r["student"], c["index"], c["kind"], c["status"], c["seconds"]]
+                                    for r in results for c in r["cells"])])
 
 
 def write_lms(out, results, probes, fmt, *, assignment, deadline=None, per_day=0.0, max_days=0, times=None,

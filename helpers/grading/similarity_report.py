@@ -11,11 +11,11 @@ and scored is helpers/grading/similarity.py's docstring. similarity.csv has one 
 | a_matched, a_tokens, b_matched, b_tokens | each answer's tokens inside shared fingerprints, and its length |
 | fingerprints | fingerprints the two share (common ones excluded) |
 """
-import csv
 import pathlib
 
 from helpers.grading import similarity
 from helpers.grading.report import question_order
+from helpers.grading.spreadsheet import write_csv
 
 SHOWN = 10  # pairs whose answers the report prints in full
 
@@ -56,13 +56,10 @@ def write(out, lab, released, paths):
 
 
 def _write_csv(path, pairs):
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["question", "student_a", "student_b", "score", "a_matched", "a_tokens", "b_matched",
-                         "b_tokens", "fingerprints"])
-        for p in pairs:
-            writer.writerow([p.question, p.a.student, p.b.student, f"{p.score:.2f}", len(p.covered_a),
-                             len(p.a.tokens), len(p.covered_b), len(p.b.tokens), p.shared])
+    write_csv(path, [["question", "student_a", "student_b", "score", "a_matched", "a_tokens", "b_matched", "b_tokens",
+                      "fingerprints"],
+                     *([p.question, p.a.student, p.b.student, f"{p.score:.2f}", len(p.covered_a), len(p.a.tokens),
+                        len(p.covered_b), len(p.b.tokens), p.shared] for p in pairs)])
 
 
 def _summary(questions, found, results, students):

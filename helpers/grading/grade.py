@@ -6,7 +6,9 @@
 Writes OUT/grades.csv, OUT/feedback/<student>.md, OUT/executed/<student>.ipynb, OUT/cells.csv (every cell's
 status and duration), OUT/results/<student>.json (what --resume trusts), OUT/logs/ (kernels' own output,
 the grader's errors) and OUT/similarity.md and .csv (pairs of students whose answers are unusually alike:
-helpers/grading/similarity.py). Exits 0 whatever the students did; non-zero only when grading itself cannot run (no
+helpers/grading/similarity.py). Only a regular file SUBMISSIONS/<student>.ipynb is read; a symlink, FIFO, device or
+directory of that name is an `error` row and is never opened (helpers/grading/submissions.py). Exits 0 whatever the
+students did; non-zero only when grading itself cannot run (no
 such lab, probes failing on the solution, an unwritable OUT).
 
 Each student is graded in a process of its own; one that dies or overruns is that student's `grader_error`,
@@ -159,7 +161,7 @@ def kernel_threads(jobs):
 
 def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, labs_dir=None, solutions_dir=None,
           resume=False, only=()):
-    """Grade every *.ipynb in submissions into out; return the per-student results (dicts)."""
+    """Grade every *.ipynb in submissions_dir into out; return the per-student results (dicts)."""
     lab, out = f"{int(lab):02d}", pathlib.Path(out)
     released = nbformat.read(lab_notebook(labs_dir or ROOT / "labs", lab), as_version=4)
     solution_path = lab_notebook(solutions_dir or ROOT / "solutions", lab)

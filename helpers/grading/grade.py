@@ -8,8 +8,8 @@ status and duration), OUT/results/<student>.json (what --resume trusts), OUT/log
 the grader's errors) and OUT/similarity.md and .csv (pairs of students whose answers are unusually alike:
 helpers/grading/similarity.py). Only a regular file SUBMISSIONS/<student>.ipynb is read; a symlink, FIFO, device or
 directory of that name is an `error` row and is never opened (helpers/grading/submissions.py). Exits 0 whatever the
-students did; non-zero only when grading itself cannot run (no
-such lab, probes failing on the solution, an unwritable OUT).
+students did; non-zero only when grading itself cannot run (no such lab, probes failing on the solution, an
+unwritable OUT).
 
 Each student is graded in a process of its own; one that dies or overruns is that student's `grader_error`,
 and the class goes on. `--resume` keeps the results already in OUT and grades only the students without one

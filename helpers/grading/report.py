@@ -8,9 +8,9 @@ import json
 import pathlib
 
 from helpers.grading import manual
-from helpers.grading.spreadsheet import write_csv
 from helpers.grading.feedback import feedback_markdown
 from helpers.grading.grade_student import result_path
+from helpers.grading.spreadsheet import write_csv
 
 
 def question_order(questions):

@@ -1,4 +1,12 @@
-"""Per-student feedback: each hidden test's name and outcome, never its source or expected value."""
+"""Per-student feedback: each hidden test's name and outcome, never its source or expected value.
+
+Text the student chose (their file name, an exception's class name and message, the reason their notebook could
+not be read) is shown capped, on one line and as inline code: it cannot start a heading, a list item or HTML
+(`## Question 1.2: 2 / 2` or `<img onerror=...>` raised in an exception once forged lines of the feedback).
+"""
+import re
+
+from helpers.grading.probe_runtime import MESSAGE_CHARS
 
 _STATUS = {
     "ok": "every cell ran",
@@ -10,6 +18,24 @@ _STATUS = {
 }
 
 
+def code(text, limit=MESSAGE_CHARS):
+    """text as one Markdown code span: whitespace runs made one space, capped at limit characters, fenced by more
+    backticks than it holds in a row (CommonMark), so that nothing in it is read as Markdown or HTML."""
+    text = " ".join(str(text).split())
+    text = text if len(text) <= limit else text[:limit] + "..."
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or len(fence) > 1 else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _message(mark):
+    """A failed probe's reason: the student's text as code; the grader's own (older results: any) on one line."""
+    if mark.get("quoted"):
+        return code(mark["message"])
+    text = " ".join(str(mark["message"]).split())[:MESSAGE_CHARS]
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def feedback_markdown(result, questions, points, by_hand=()):
     """Markdown feedback for one graded result; `points` = {question: maximum}; by_hand: [(Manual, points or None)]."""
     total = sum(m["earned"] for marks in result["marks"].values() for m in marks)
@@ -17,11 +43,11 @@ def feedback_markdown(result, questions, points, by_hand=()):
     maximum = sum(points.values()) + sum(item.points for item, _ in by_hand)
     pending = [item for item, earned in by_hand if earned is None]
     note = f" Not final: {', '.join(i.question for i in pending)} is graded by hand, not yet." if pending else ""
-    lines = [f"# Feedback for {result['student']}", "",
+    lines = [f"# Feedback for {code(result['student'])}", "",
              f"Score: {total:g} / {maximum:g}. Status: {result['status']} "
              f"({_STATUS[result['status']]}).{note}", ""]
     if result.get("error"):
-        lines += [result["error"], ""]
+        lines += [code(result["error"]), ""]
     if result.get("kernels", 1) > 1:
         lines += [f"Your notebook needed {result['kernels']} kernels: a cell that ignores its time limit or kills its "
                   "kernel is stopped, and the cells before it are run again in a new kernel.", ""]
@@ -37,7 +63,7 @@ def feedback_markdown(result, questions, points, by_hand=()):
             lines.append(f"- your answer uses {names}, defined in a cell of your own: only answer cells are graded, "
                          "so it was undefined here; define it inside the answer cell")
         for m in marks:
-            mark = "passed" if m["earned"] == m["points"] else f"failed: {m['message']}"
+            mark = "passed" if m["earned"] == m["points"] else f"failed: {_message(m)}"
             lines.append(f"- {m['name']}: {mark}")
         lines.append("")
     for item, earned in by_hand:

@@ -18,6 +18,7 @@ from helpers.grading import manual
 from helpers.grading import probes as probe_files
 from helpers.grading.assemble import answer_sources, assemble, probe_values
 from helpers.grading.execute import execute
+from helpers.grading.probe_runtime import MESSAGE_CHARS
 from helpers.grading.scope import outside_names
 from helpers.grading.submissions import SubmissionError, read_notebook
 
@@ -50,8 +51,11 @@ def score(probes, expected, values, sources, seed):
         got = values.get(probe.question, {}).get(probe.name)
         if got is None:
             earned, message = 0.0, "did not run (an earlier cell failed, timed out or killed the kernel)"
-        elif "error" in got:
-            earned, message = 0.0, got["error"]
+        elif "error" in got:  # the student's own text (an exception's name and message): quoted in the feedback
+            earned, message = 0.0, str(got["error"])[:MESSAGE_CHARS]
+            marks.setdefault(probe.question, []).append(
+                {"name": probe.name, "points": probe.points, "earned": earned, "message": message, "quoted": True})
+            continue
         else:
             ok, message = probe.grade(expected[probe.question][probe.name]["value"], got["value"],
                                       answer_source=sources.get(probe.question, ""), seed=seed)

@@ -34,6 +34,11 @@ def records(ledger, fields=("op", "payload_bytes")):
     return [[getattr(r, f) for f in fields] for r in ledger.records]
 
 
+# A failure message is the student's text (an exception's class name and message): it goes back in their feedback,
+# so it is capped (an answer once raised a 10 KB file of an earlier grading run in one).
+MESSAGE_CHARS = 500
+
+
 def _evaluate(expr, namespace):
     try:
         return {"value": to_plain(eval(expr, namespace))}  # noqa: S307 - instructor-written expressions
@@ -42,9 +47,9 @@ def _evaluate(expr, namespace):
     except RankFailed as exc:
         if exc.exc_type == "NotImplementedError":
             return {"error": "not implemented"}
-        return {"error": f"a rank failed: {str(exc).splitlines()[0]}"}
+        return {"error": f"a rank failed: {(str(exc).splitlines() or [''])[0]}"[:MESSAGE_CHARS]}
     except Exception as exc:  # noqa: BLE001 - every failure of student code becomes feedback
-        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        return {"error": f"{type(exc).__name__}: {exc}"[:MESSAGE_CHARS]}
 
 
 def run_probes(question, setup, calls, nonce, seed):

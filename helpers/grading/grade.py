@@ -42,7 +42,7 @@ from helpers.grading.grade_student import (
 )
 from helpers.grading.progress import Progress
 from helpers.grading.report import load_results, write_lms, write_outputs
-from helpers.grading.sandbox import available_fences
+from helpers.grading.sandbox import available_fences, grading_runs
 from helpers.launcher import forkserver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -238,12 +238,18 @@ def _trusted(out, student):
         return False
 
 
-def default_limits(hidden):
-    """Limits with every fence this machine allows; directories the graded code must not see."""
+def default_limits(hidden, root=ROOT):
+    """Limits with every fence this machine allows; directories the graded code must not see.
+
+    root: the repository the kernel reads (read-only), this one but in tests."""
+    root = pathlib.Path(root)
+    pythons = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
     # The course's own answers are hidden whatever lab is graded: a private course's solutions may sit beside them.
-    hidden = [*hidden, ROOT / ".git", ROOT / "tests", ROOT / "solutions", probe_files.DEFAULT_DIR]
+    # So are artifacts/ and an earlier run's OUT left in the repository: a class's answers, a run's seed and values.
+    hidden = [*hidden, root / ".git", root / "tests", root / "solutions", probe_files.DEFAULT_DIR, root / "artifacts",
+              *grading_runs(root, skip=pythons)]
     return Limits(fences=available_fences(), hidden_dirs=tuple(str(pathlib.Path(d).resolve()) for d in hidden),
-                  readonly_dirs=(str(ROOT), sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix))
+                  readonly_dirs=(str(root), *pythons))
 
 
 def main(argv=None):

@@ -9,8 +9,11 @@ tests/grading/test_grade_fixture.py):
 - bwrap `--unshare-net`: a network namespace with only loopback (the ranks' TCPStore works, nothing else);
 - bwrap mounts: the kernel sees only the system (/usr, /etc), the Python installation and the course
   repository, all read-only, plus its own working directory. The solutions, the probes, the tests, the
-  repository's .git, the other submissions and the grader's output are empty directories; /tmp, /proc
-  and /dev are private; nothing else of the machine (HOME, pip caches, other users' files) exists;
+  repository's .git, the other submissions and the grader's output are empty directories, and so are
+  artifacts/ and every earlier grading run's OUT inside the repository (grading_runs: its state.json or the
+  grader's executed/, results/, feedback/ layout), whose executed notebooks hold a class's answers and whose
+  state.json holds the run's seed and expected values; /tmp, /proc and /dev are private; nothing else of the
+  machine (HOME, pip caches, other users' files) exists;
 - where it writes: /tmp, /dev/shm, its working directory and TMPDIR are tmpfs of TMPFS_BYTES each (the last two
   sit in the grader's per-student directory, which the kernel sees read-only); the one directory of the grader's
   disk it can write is its sockets' (execute._Watch kills a kernel that piles files up there);
@@ -26,6 +29,7 @@ for non-root users), the grader says which fences are missing and runs without t
 import dataclasses
 import functools
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -126,6 +130,44 @@ def _system_binds():
 
 def _under(path, roots):
     return any(os.path.commonpath([path, root]) == root for root in roots)
+
+
+# What helpers/grading/state.py and grade.py write in an OUT: a run is recognised by either.
+_RUN_STATE = "state.json"
+_RUN_LAYOUT = ("executed", "results", "feedback")
+_STATE_BYTES = 64 * 2**20  # a state.json holds expected values: megabytes at most
+
+
+def _is_run(directory, names, subdirs):
+    if all(sub in subdirs for sub in _RUN_LAYOUT):
+        return True
+    if _RUN_STATE not in names:
+        return False
+    path = os.path.join(directory, _RUN_STATE)
+    try:
+        if os.path.getsize(path) > _STATE_BYTES:
+            return False
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and {"lab", "seed", "fingerprint"} <= state.keys()
+
+
+def grading_runs(root, skip=()):
+    """Directories under root (not root itself) that hold a grader's run: an earlier OUT left in the repository.
+
+    skip: directories not searched (the Python installation: its thousands of files hold no run). .git is not
+    searched either."""
+    root, runs = os.path.abspath(root), []
+    skip = {os.path.abspath(d) for d in skip} | {os.path.join(root, ".git")}
+    for directory, subdirs, names in os.walk(root):
+        subdirs[:] = [d for d in subdirs if os.path.join(directory, d) not in skip
+                      and not os.path.islink(os.path.join(directory, d))]
+        if directory != root and _is_run(directory, names, subdirs):
+            runs.append(directory)
+            subdirs[:] = []  # hidden whole
+    return runs
 
 
 def bwrap_argv(workdir, readonly_dirs, hidden_dirs, tmpfs_bytes=TMPFS_BYTES):

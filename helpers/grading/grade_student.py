@@ -19,6 +19,7 @@ from helpers.grading import probes as probe_files
 from helpers.grading.assemble import answer_sources, assemble, probe_values
 from helpers.grading.execute import execute
 from helpers.grading.probe_runtime import MESSAGE_CHARS
+from helpers.grading.probes.shortcuts import unreadable
 from helpers.grading.scope import outside_names
 from helpers.grading.submissions import SubmissionError, read_notebook
 
@@ -49,7 +50,10 @@ def score(probes, expected, values, sources, seed):
     marks = {}
     for probe in probes:
         got = values.get(probe.question, {}).get(probe.name)
-        if got is None:
+        unread = unreadable(sources.get(probe.question, ""))
+        if unread:  # said first: a probe's own error would hide why
+            earned, message = 0.0, unread
+        elif got is None:
             earned, message = 0.0, "did not run (an earlier cell failed, timed out or killed the kernel)"
         elif "error" in got:  # the student's own text (an exception's name and message): quoted in the feedback
             earned, message = 0.0, str(got["error"])[:MESSAGE_CHARS]

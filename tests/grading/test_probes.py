@@ -87,7 +87,8 @@ def test_no_solution_is_refused(lab):
     ("def f(t):\n    exec(open('x').read())\n", "exec"),
     ("import importlib\ndef f(t):\n    return importlib.import_module('torch.distributed')\n", "importlib"),
     ("def f(t):\n    return __import__('torch').distributed\n", "__import__"),
-    ("import helpers.grading.probe_runtime as rt\nrt._evaluate = lambda e, n: {'value': 1}\n", "probe_runtime"),
+    ("import helpers.grading.probe_runtime as rt\nrt._evaluate = lambda e, n: {'value': 1}\n", "helpers.grading"),
+    ("probe_runtime._evaluate = lambda e, n: {'value': 1}\n", "probe_runtime"),
     ("def f():\n    return _PROBE_SEED\n", "_PROBE_SEED"),
     ("def f():\n    return _probe_mine(3)\n", "_probe_*"),
 ])
@@ -243,3 +244,49 @@ def test_an_answer_that_replaced_display_or_the_launcher_changes_no_probe(monkey
                              "nonce", 1)
     shown = capsys.readouterr().out
     assert "FORGED" not in shown and "helpers.grading.shared_run.launch_gloo" in shown, shown
+# The red team's (h52) routes past the scan, each as a student wrote it.
+@pytest.mark.parametrize("source, why", [
+    # The course's own public checks wrap the library (lab 03's common module is DistributedSampler).
+    ("from helpers.grading.checks.lab03.common import _sampler_indices\n"
+     "def shard_indices(*a, **k):\n    return _sampler_indices(*a, **k)\n", "uses `helpers.grading`"),
+    ("from helpers import grading\n", "uses `helpers.grading`"),
+    # A library module under a name of the answer's choosing, then a name computed on it.
+    ("import torch.nn.parallel as P\nDDP = P.__dict__['Distributed' + 'Data' + 'Parallel']\n", "uses `__dict__`"),
+    ("from torch.utils import data as D\nS = getattr(D, 'Distributed' + 'Sampler')\n", "uses `getattr`"),
+    ("import torch\nm = torch.utils.data\nS = m.__dict__['Distributed' + 'Sampler']\n", "uses `__dict__`"),
+    # A module the answer writes at run time, then imports (a8), or a classmate's answers put on sys.path (a5).
+    ("_name = 'Distributed' + 'Sampler'\nopen('shortcut_31.py', 'w').write(f'from torch.utils.data import {_name}')\n"
+     "from shortcut_31 import shard_indices\n", "imports `shortcut_31`, which is not a module"),
+    ("import sys\nsys.path.insert(0, '/tmp')\nfrom classmate import average_gradients\n", "uses `sys.path`"),
+    ("def f():\n    import classmate\n    return classmate.f()\n", "imports `classmate`, which is not a module"),
+    ("import runpy\nns = runpy.run_path('/tmp/x.py')\n", "uses `runpy`"),
+])
+def test_the_red_teams_routes_past_the_scan_score_zero(source, why):
+    assert refusal(source, ()).startswith(why), refusal(source, ())
+
+
+def test_honest_imports_and_names_on_own_objects_stay_allowed():
+    source = ("import math\nimport torch.nn as nn\nfrom torch.utils.data import Dataset\nimport numpy as np\n"
+              "layer = nn.Linear(2, 2)\nw = getattr(layer, 'weight' if math.pi else 'bias')\n"
+              "names = [n for n in layer.__dict__]\n")
+    assert refusal(source, ()) == ""
+
+
+# Source the parser cannot hold (red team a3b: MemoryError killed the student's grading process).
+UNREADABLE = ["x = " + "-" * 100000 + "1\n", "x = 1" + "+1" * 200000 + "\n"]
+
+
+@pytest.mark.parametrize("source", UNREADABLE, ids=["deep-unary", "long-sum"])
+def test_an_answer_the_parser_cannot_read_scores_zero_with_a_reason(source):
+    from helpers.grading.grade_student import score
+    from helpers.grading.scope import outside_names
+
+    assert refusal(source, ()).startswith("an answer cell run before this probe could not be read")
+    probe = _probe("03", "3.1")
+    marks = score([probe], {"3.1": {probe.name: {"value": 1}}}, {"3.1": {probe.name: {"value": 1}}},
+                  {"3.1": source}, 0)
+    assert marks["3.1"][0]["earned"] == 0 and "could not be read" in marks["3.1"][0]["message"]
+    lab = nbformat.read(glob.glob(str(ROOT / "labs" / "03_*.ipynb"))[0], as_version=4)
+    sub = nbformat.from_dict(lab)
+    sub.cells.append(nbformat.v4.new_code_cell(source))
+    assert outside_names(lab, sub) == {}

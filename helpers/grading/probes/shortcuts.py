@@ -7,19 +7,34 @@ Two kinds, each scoring 0 on the probes of the question with a message saying wh
                 `__import__`, `importlib`, `sys.modules`, `getattr` by a computed name, ...), the kernel's shell
                 and frames (`get_ipython`, `In`, `_getframe`: they read and rewrite the probe cell), IPython syntax
                 (a magic hides what it runs), and the grader's own machinery that runs in the kernel
-                (`probe_runtime`, `run_probes`, `_PROBE_SEED`, the probes' `_probe_*` helpers).
+                (`helpers.grading`, `probe_runtime`, `run_probes`, `_PROBE_SEED`, the probes' `_probe_*` helpers), and the
+                routes to code in a file (`runpy`, `sys.path`, `pickle`, `marshal`, `pkgutil.resolve_name`).
+    IMPORTS     every question: a module the grader's Python cannot find (a file the answer wrote at run time and
+                imported: the scan cannot read it), and the grader's own package `helpers.grading` (its public
+                checks wrap the library: lab 03's common module is DistributedSampler).
+An answer the parser cannot hold (thousands of nested operators: MemoryError, RecursionError) scores 0 too, as
+unreadable: what it runs cannot be read.
 The source read is every answer cell that ran before the question's probe: a shortcut may hide in an earlier one.
 A name counts as Python sees it: a name, an attribute, an imported name, or a string (`getattr(dist,
 "all_reduce")`). A dotted name ("helpers.theory") counts as an import of that module, `from helpers import
 theory`, the attribute chain `helpers.theory`, or that string. Comments and docstrings do not count.
 """
 import ast
+import functools
+import importlib.machinery
+import os
 import re
+import sys
 
 # Builtins and modules that run or reach code chosen at run time; `compile` and `eval` count only as bare names
 # (torch.compile and model.eval() are fine).
 HIDING = ("exec", "eval", "compile", "__import__", "importlib", "import_module", "__builtins__", "builtins",
-          "sys.modules", "globals", "vars", "probe_runtime", "run_probes", "_evaluate", "_PROBE_SEED", "_probe_*",
+          "sys.modules", "globals", "vars", "helpers.grading", "probe_runtime", "run_probes", "_evaluate",
+          "_PROBE_SEED", "_probe_*",
+          # Code from a file or from bytes, found at run time: a module the answer wrote, a pickled reference to a
+          # library function (its name in bytes), a function found by a string.
+          "sys.path", "meta_path", "path_hooks", "runpy", "pickle", "_pickle", "marshal", "resolve_name",
+          "getmembers", "getmembers_static",
           # Attributes by a name the source does not spell (`getattr(dist, "all_" + "reduce")` and reading a
           # `__dict__` are caught by by_computed_name).
           "__getattribute__", "attrgetter", "methodcaller",
@@ -115,11 +130,29 @@ def ipython_syntax(source):
     return next((mine for mine, theirs in pairs if mine != theirs), python.strip().splitlines()[0])
 
 
-def _tree(source):
+@functools.lru_cache(maxsize=64)  # every probe of a question reads the same source
+def _parsed(source):
+    """(tree, "") of the source; (None, "") when it is not Python (the kernel fails that cell as well); (None,
+    the error's name) when the parser itself gave up (MemoryError, RecursionError; ValueError: a null byte)."""
     try:
-        return _strip_docstrings(ast.parse(_python(source)))
+        return _strip_docstrings(ast.parse(_python(source))), ""
     except SyntaxError:
-        return None
+        return None, ""
+    except (MemoryError, RecursionError, ValueError) as exc:
+        return None, type(exc).__name__
+
+
+def _tree(source):
+    return _parsed(source)[0]
+
+
+def unreadable(source):
+    """Why the answer cells run before a probe cannot be read (0 points), or ""."""
+    error = _parsed(source)[1] if source else ""
+    if not error:
+        return ""
+    return (f"an answer cell run before this probe could not be read as Python ({error} in the parser: thousands "
+            "of nested or chained operators?): 0 points (write plain code, a few operators per expression)")
 
 
 # The modules a library function is fetched from (as the labs import them): a computed name on these hides a call.
@@ -133,6 +166,26 @@ def _root(node):
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _roots(nodes):
+    """The library roots and the names the source binds to a module or to a library object: by an import (`import
+    torch.nn.parallel as P`, `from torch.utils import data`) or by assigning an attribute chain of one (`m =
+    torch.utils.data`). A name bound to the result of a call (`model = nn.Linear(2, 2)`) is the answer's own."""
+    roots = set(_LIBRARY_ROOTS)
+    assigned = []
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            roots.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            assigned.append(node)
+    for _ in range(len(assigned)):  # `a = torch.nn; b = a.parallel`: until nothing changes
+        new = {t.id for node in assigned if _dotted(node.value) and _dotted(node.value).split(".")[0] in roots
+               for t in node.targets if isinstance(t, ast.Name)} - roots
+        if not new:
+            break
+        roots |= new
+    return roots
+
+
 def by_computed_name(source):
     """`getattr(m, <not a string>)` or a read of `m.__dict__` (not `in`) where m is a library module (dist, torch,
     F, ...): a library function fetched by a name the source does not spell. Also `getattr` passed around bare.
@@ -141,12 +194,13 @@ def by_computed_name(source):
     setattr and delattr by computed names (lab 08 needs them)."""
     tree = _tree(source)
     nodes = list(ast.walk(tree)) if tree else []
+    roots = _roots(nodes)
     called, in_tests = set(), set()
     for node in nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
             called.add(id(node.func))
             spelled = len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-            if node.args and not spelled and _root(node.args[0]) in _LIBRARY_ROOTS:
+            if node.args and not spelled and _root(node.args[0]) in roots:
                 return "getattr"
         if isinstance(node, ast.Compare) and all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
             in_tests.update(id(c) for c in node.comparators)  # `attr in obj.__dict__` reads no attribute
@@ -154,8 +208,54 @@ def by_computed_name(source):
         if isinstance(node, ast.Name) and node.id == "getattr" and id(node) not in called:
             return "getattr"
         if (isinstance(node, ast.Attribute) and node.attr == "__dict__" and id(node) not in in_tests
-                and _root(node.value) in _LIBRARY_ROOTS):
+                and _root(node.value) in roots):
             return "__dict__"
+    return None
+
+
+def _find_spec(name, path):
+    """The grader's spec of a module, searched without the current directory; None if there is none."""
+    if path is not None:
+        return importlib.machinery.PathFinder.find_spec(name, path)
+    if name in sys.builtin_module_names:
+        return importlib.machinery.ModuleSpec(name, None, origin="built-in")
+    clean = [p for p in sys.path if p and os.path.abspath(p) != os.getcwd()]
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder:
+            spec = importlib.machinery.PathFinder.find_spec(name, clean)
+        elif hasattr(finder, "find_spec"):
+            spec = finder.find_spec(name, None)
+        else:
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def installed(module):
+    """Whether the grader's Python finds module (dotted), nothing imported: down to a regular module or package
+    (what lies under one is read-only to the kernel), through namespace packages (a kernel could add a portion)."""
+    path, parts = None, module.split(".")
+    for i in range(len(parts)):
+        spec = _find_spec(".".join(parts[:i + 1]), path)
+        if spec is None:
+            return False
+        if spec.origin not in (None, "namespace") or not spec.submodule_search_locations:
+            return True
+        path = list(spec.submodule_search_locations)
+    return True
+
+
+def unknown_import(source):
+    """The first module the source imports that the grader's Python cannot find, or None."""
+    tree = _tree(source)
+    for node in ast.walk(tree) if tree else ():
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        unknown = next((name for name in names if not installed(name)), None)
+        if unknown:
+            return unknown
     return None
 
 
@@ -182,6 +282,9 @@ def shortcut(source, forbidden):
 
 def refusal(source, forbidden):
     """Why the answer scores 0 on this question's probes, or "" when it takes no shortcut."""
+    why = unreadable(source)
+    if why:
+        return why
     used = shortcut(source, forbidden)
     if used:
         return f"uses `{used}`, which this question asks you to build yourself: 0 points"
@@ -189,6 +292,10 @@ def refusal(source, forbidden):
     if used:
         return (f"uses `{used}`, which hides what the answer runs or reaches into the grader: 0 points "
                 "(call the functions you need directly)")
+    module = unknown_import(source) if source else None
+    if module:
+        return (f"imports `{module}`, which is not a module of the course or of its Python: 0 points (a module "
+                "written at run time hides what the answer runs; write the code in the answer cell)")
     used = by_computed_name(source)
     if used:
         return (f"uses `{used}` to reach an attribute by a name computed at run time, which hides what the answer "

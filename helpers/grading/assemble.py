@@ -106,7 +106,7 @@ def probe_values(graded, question, nonce):
                  if PROBE_MIMETYPE in o.get("data", {})]
         if len(shown) == 1 and shown[0][:2] == (question, nonce):
             return shown[0][2]
-        return {name: {"error": FORGED} for _, _, results in shown for name in results}
+        return {name: {"error": FORGED, "grader": True} for _, _, results in shown for name in results}
     return {}
 
 
@@ -114,8 +114,10 @@ def _results(data):
     """(question, nonce, {name: result}) of one displayed probe result, whatever the kernel sent."""
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         return None, None, {}
-    results = {r["name"]: r for r in data["results"] if isinstance(r, dict) and isinstance(r.get("name"), str)
-               and ("value" in r or "error" in r)}
+    # Only the value or the error: a "grader" key (the grader's own reason, not quoted in the feedback) is not the
+    # kernel's to send.
+    results = {r["name"]: {k: r[k] for k in ("value", "error") if k in r} for r in data["results"]
+               if isinstance(r, dict) and isinstance(r.get("name"), str) and ("value" in r or "error" in r)}
     return data.get("question"), data.get("nonce"), results
 
 

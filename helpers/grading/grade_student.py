@@ -57,8 +57,8 @@ def score(probes, expected, values, sources, seed):
             earned, message = 0.0, "did not run (an earlier cell failed, timed out or killed the kernel)"
         elif "error" in got:  # the student's own text (an exception's name and message): quoted in the feedback
             earned, message = 0.0, str(got["error"])[:MESSAGE_CHARS]
-            marks.setdefault(probe.question, []).append(
-                {"name": probe.name, "points": probe.points, "earned": earned, "message": message, "quoted": True})
+            marks.setdefault(probe.question, []).append({"name": probe.name, "points": probe.points, "earned": earned,
+                                                         "message": message, "quoted": not got.get("grader")})
             continue
         else:
             ok, message = probe.grade(expected[probe.question][probe.name]["value"], got["value"],

@@ -65,3 +65,13 @@ def test_backticks_in_a_message_cannot_close_its_code_span():
 def test_a_student_id_cannot_forge_the_heading():
     result = {"student": "<img src=x onerror=alert(1)>", "status": "ok", "marks": {}}
     assert feedback_markdown(result, [], {}).splitlines()[0] == "# Feedback for `<img src=x onerror=alert(1)>`"
+
+
+def test_the_graders_own_reason_is_not_quoted():
+    from helpers.grading.assemble import FORGED as REASON
+
+    probe = Probe("1.2", "the loss", "f()")
+    got = {"1.2": {"the loss": {"error": REASON, "grader": True}}}
+    marks = score([probe], {"1.2": {"the loss": {"value": 1.0}}}, got, {}, 0)
+    text = feedback_markdown({"student": "a", "status": "ok", "marks": marks}, ["1.2"], {"1.2": 2})
+    assert f"- the loss: failed: {REASON}" in text, text

@@ -186,9 +186,13 @@ def test_a_probe_cell_with_a_second_result_counts_for_nothing():
     real = {"question": "3.2", "nonce": nonces["3.2"], "results": [{"name": probes[3].name, "value": 1}]}
     shown = nbformat.v4.new_output("display_data", data={PROBE_MIMETYPE: real})
     cell.outputs = [shown]
-    assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: real["results"][0]}
+    assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: {"value": 1}}
     cell.outputs = [shown, shown]
-    assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: {"error": FORGED}}
+    assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: {"error": FORGED, "grader": True}}
+    # The grader's own reasons are not quoted in the feedback; a kernel cannot claim to be the grader.
+    real["results"][0] = {"name": probes[3].name, "error": "## Score: 10 / 10", "grader": True}
+    cell.outputs = [nbformat.v4.new_output("display_data", data={PROBE_MIMETYPE: real})]
+    assert probe_values(graded, "3.2", nonces["3.2"]) == {probes[3].name: {"error": "## Score: 10 / 10"}}
 
 
 @pytest.mark.parametrize("source", [

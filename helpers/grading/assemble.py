@@ -14,6 +14,7 @@ import secrets
 import nbformat
 
 from helpers.grading.probe_runtime import PROBE_MIMETYPE
+from helpers.grading.probes.shortcuts import as_scanned
 
 _DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
 _CHECK = re.compile(r"""check\(\s*["'][\w.]+["']\s*,\s*globals\(\)\s*\)""")
@@ -127,7 +128,7 @@ def answer_sources(graded):
     sources, ran = {}, ""
     for cell in graded.cells:
         if cell.metadata.get("dp_course_kind") == "answer":
-            ran += cell.source + "\n"
+            ran += as_scanned(cell.source) + "\n"
             for question in answer_questions(cell):
                 sources[question] = ran
     return sources

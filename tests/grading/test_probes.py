@@ -174,6 +174,20 @@ def test_a_shortcut_in_an_earlier_answer_cell_counts():
     assert why.startswith("uses `DistributedDataParallel`"), why
 
 
+def test_a_syntax_error_in_an_earlier_answer_cell_hides_no_later_one():
+    # A broken 3.1 cell (the kernel runs none of it) made the joined source unparsable, and the scan then read
+    # nothing at all: a later cell's eval("dist.all_reduce") passed unrefused. A later cell starting with %%ranks
+    # (a cell magic IPython runs as Python) must stay readable too.
+    setup, probes = probe_files.load("03")
+    released = nbformat.read(glob.glob(str(ROOT / "labs" / "03_*.ipynb"))[0], as_version=4)
+    graded = assemble(released, released, setup, probes, 0)[0]
+    answers = [c for c in graded.cells if c.metadata.get("dp_course_kind") == "answer"]
+    answers[0].source = "def shard_indices(:\n"
+    answers[1].source = "%%ranks 2\ndef broadcast_parameters(model, src=0):\n    return eval('dist.all_reduce')\n"
+    why = refusal(answer_sources(graded)["3.2"], _probe("03", "3.2").forbidden)
+    assert why.startswith("uses `eval`"), why
+
+
 def test_a_probe_cell_with_a_second_result_counts_for_nothing():
     # An answer called by the probe read the nonce from In[-1] and displayed its own result first: 4/4 on lab 97.
     from helpers.grading.assemble import FORGED, probe_values

@@ -7,8 +7,8 @@ Two kinds, each scoring 0 on the probes of the question with a message saying wh
                 `__import__`, `importlib`, `sys.modules`, `getattr` by a computed name, ...), the kernel's shell
                 and frames (`get_ipython`, `In`, `_getframe`: they read and rewrite the probe cell), IPython syntax
                 (a magic hides what it runs), and the grader's own machinery that runs in the kernel
-                (`helpers.grading`, `probe_runtime`, `run_probes`, `_PROBE_SEED`, the probes' `_probe_*` helpers), and the
-                routes to code in a file (`runpy`, `sys.path`, `pickle`, `marshal`, `pkgutil.resolve_name`).
+                (`helpers.grading`, `probe_runtime`, `run_probes`, `_PROBE_SEED`, the probes' `_probe_*` helpers),
+                and the routes to code in a file (`runpy`, `sys.path`, `pickle`, `marshal`, `pkgutil.resolve_name`).
     IMPORTS     every question: a module the grader's Python cannot find (a file the answer wrote at run time and
                 imported: the scan cannot read it), and the grader's own package `helpers.grading` (its public
                 checks wrap the library: lab 03's common module is DistributedSampler).
@@ -128,6 +128,21 @@ def ipython_syntax(source):
         return None
     pairs = zip(python.splitlines(), transformed.splitlines())
     return next((mine for mine, theirs in pairs if mine != theirs), python.strip().splitlines()[0])
+
+
+def as_scanned(cell_source):
+    """One answer cell as the scan joins it to the others: its Python (a first-line cell magic dropped, which only
+    a cell's first line can be); "" when the kernel runs none of it (a syntax error: IPython compiles a cell whole),
+    which would otherwise make the joined cells unparsable and the scan read nothing after it; the cell whole when
+    it holds IPython syntax (ipython_syntax refuses it) or when the parser gave up (unreadable scores it 0)."""
+    python = _python(cell_source)
+    try:
+        ast.parse(python)
+    except SyntaxError:
+        return cell_source if ipython_syntax(cell_source) is not None else ""
+    except (MemoryError, RecursionError, ValueError):
+        return cell_source
+    return python
 
 
 @functools.lru_cache(maxsize=64)  # every probe of a question reads the same source

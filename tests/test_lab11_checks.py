@@ -14,7 +14,7 @@ from helpers.grading.registry import checks_for
 SOLUTION = ROOT / "solutions" / "11_operations.ipynb"
 
 
-@pytest.mark.parametrize("question, total", [("11.1", 2), ("11.2", 3), ("11.3", 2), ("11.4", 2)])
+@pytest.mark.parametrize("question, total", [("11.1", 2), ("11.2", 3), ("11.3", 2), ("11.4", 3)])
 def test_every_question_has_its_number_of_checks(question, total):
     assert len(checks_for(question)) == total
 

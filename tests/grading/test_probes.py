@@ -188,6 +188,14 @@ def test_a_syntax_error_in_an_earlier_answer_cell_hides_no_later_one():
     assert why.startswith("uses `eval`"), why
 
 
+def test_a_cell_ipython_cleans_up_is_read_as_it_runs():
+    # IPython drops a cell's leading blank lines and dedents a cell indented as a whole before it runs it. An honest
+    # answer that began with a blank line was refused as "IPython syntax"; an indented one hid from the scan.
+    assert refusal("\n\ndef add(a, b):\n    return a + b\n", ()) == ""
+    assert refusal("    def add(a, b):\n        return a + b\n", ()) == ""
+    assert refusal("\n    def add(a, b):\n        return eval('a + b')\n", ()).startswith("uses `eval`")
+
+
 def test_a_probe_cell_with_a_second_result_counts_for_nothing():
     # An answer called by the probe read the nonce from In[-1] and displayed its own result first: 4/4 on lab 97.
     from helpers.grading.assemble import FORGED, probe_values

@@ -107,8 +107,16 @@ _NO_CODE = re.compile(r"^(\s*)%matplotlib\b.*$")
 def _python(source):
     """The source as Python: a first line `%%ranks ...` (or %%time, %%timeit, %%capture) dropped, since the rest
     runs as Python; `%time x` and `%timeit x` read as `x`; `%matplotlib inline` as `pass`. Other magics stay, and
-    ipython_syntax() refuses them: what they run is hidden in a string."""
-    lines = source.split("\n")
+    ipython_syntax() refuses them: what they run is hidden in a string. First what IPython does to every cell before
+    anything else (its cleanup transforms): leading blank lines dropped, a cell indented as a whole dedented, `>>> `
+    prompts stripped. The kernel runs such a cell, so the scan must read it: as plain Python an answer cell that
+    began with a blank line was "IPython syntax" (0 points), and an indented one did not parse (read as nothing)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    cleaned = source.splitlines(keepends=True)
+    for cleanup in TransformerManager().cleanup_transforms:
+        cleaned = cleanup(cleaned)
+    lines = "".join(cleaned).split("\n")
     if lines and lines[0].split(maxsplit=1)[:1] and lines[0].split(maxsplit=1)[0] in _CELL_MAGICS:
         lines = ["# a cell magic", *lines[1:]]  # a line still: the line numbers stay
     lines = [_NO_CODE.sub(r"\1pass", _LINE_MAGICS.sub(r"\1\2", line)) for line in lines]

@@ -89,51 +89,15 @@ def _probe_resume():
         _probe_shutil.rmtree(root, ignore_errors=True)
 
 
-class _ProbeTorn(Exception):
-    pass
-
-
-def _probe_torn_rank(path, step, seed):
-    # A whole save at `step`, a save at step + 1 torn half-way through torch.save, then a load: what it restores.
-    import io as _probe_io
-
-    model = make_model(seed).to(_probe_device())
-    save_checkpoint(path, model, _probe_torch.optim.SGD(model.parameters(), lr=0.1), step)
-    whole_save = _probe_torch.save
-
-    def torn(obj, f, *args, **kwargs):
-        if isinstance(f, _probe_io.BytesIO):  # a tensor being pickled (all_gather_object's), not a file
-            return whole_save(obj, f, *args, **kwargs)
-        buffer = _probe_io.BytesIO()
-        whole_save(obj, buffer, *args, **kwargs)
-        half = buffer.getvalue()[: buffer.tell() // 2]
-        if hasattr(f, "write"):
-            f.write(half)
-        else:
-            with open(f, "wb") as out:
-                out.write(half)
-        raise _ProbeTorn()
-
-    with _probe_torch.no_grad():
-        for p in model.parameters():
-            p.mul_(-1.0)
-    _probe_torch.save = torn
-    try:
-        save_checkpoint(path, model, _probe_torch.optim.SGD(model.parameters(), lr=0.1), step + 1)
-    except _ProbeTorn:
-        pass
-    finally:
-        _probe_torch.save = whole_save
-    fresh = make_model(seed + 1).to(_probe_device())
-    loaded = load_checkpoint(path, fresh, _probe_torch.optim.SGD(fresh.parameters(), lr=0.1))
-    return {"next_step": loaded, "params": [p.detach().cpu() for p in fresh.parameters()]}
-
-
 def _probe_torn_save():
+    """A save torn half-way through torch.save, at a step and a seed from the secret seed: what a resume loads."""
+    from helpers.grading.checks.lab11.q4_resume import torn_save
+
     root = _probe_tempfile.mkdtemp(prefix="probe11_torn_")
     try:
-        return _probe_launch(_probe_torn_rank, 1, args=(_probe_os.path.join(root, "ckpt.pt"), 2 + _PROBE_SEED % 7,
-                                                        _PROBE_SEED % 1000), hang_timeout=20)
+        return _probe_launch(torn_save, 1, args=(save_checkpoint, load_checkpoint, make_model,
+                                                 _probe_os.path.join(root, "ckpt.pt"), 2 + _PROBE_SEED % 7,
+                                                 _PROBE_SEED % 1000), hang_timeout=20)[0]
     finally:
         _probe_shutil.rmtree(root, ignore_errors=True)
 '''

@@ -119,12 +119,12 @@ class _TornSave(Exception):
     """Raised by the torn torch.save below: the process "dies" half-way through writing a checkpoint."""
 
 
-def _torn_save(save_checkpoint, load_checkpoint, make_model, path, step):
+def torn_save(save_checkpoint, load_checkpoint, make_model, path, step, seed=SEED):
     """On 1 rank: a whole save at `step`, then a save of other parameters at step + 1 whose torch.save writes half
     of its bytes and fails; then what a resume loads: (next_step, the parameters saved whole, those loaded), or
-    ("unreadable", the error)."""
+    ("unreadable", the error). The public check runs it at CRASH_AT; lab 11's probe at a step and seed of its own."""
     device = rank_device()
-    model = make_model(SEED).to(device)
+    model = make_model(seed).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     save_checkpoint(path, model, optimizer, step)
     saved = _flat(model)
@@ -153,7 +153,7 @@ def _torn_save(save_checkpoint, load_checkpoint, make_model, path, step):
         pass
     finally:
         torch.save = whole_save
-    fresh = make_model(SEED + 1).to(device)
+    fresh = make_model(seed + 1).to(device)
     try:
         loaded = load_checkpoint(path, fresh, torch.optim.SGD(fresh.parameters(), lr=0.05, momentum=0.9))
     except Exception as exc:  # noqa: BLE001 - a half-written file fails to unpickle in many ways
@@ -169,7 +169,7 @@ def a_crash_during_a_save_leaves_the_last_checkpoint_whole(ns):
     def run():
         root = tempfile.mkdtemp(prefix="lab11_4_torn_")
         try:
-            return _launch(_torn_save, *fns, os.path.join(root, "ckpt.pt"), step, world_size=1)[0]
+            return _launch(torn_save, *fns, os.path.join(root, "ckpt.pt"), step, world_size=1)[0]
         finally:
             shutil.rmtree(root, ignore_errors=True)
 

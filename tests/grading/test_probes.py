@@ -162,12 +162,17 @@ def test_the_scan_reads_what_python_runs():
     assert refusal(honest, ()) == ""
 
 
-def test_a_shortcut_in_an_earlier_answer_cell_counts():
-    # The alias made in 3.1's cell, called from 3.2's: 3.2's own cell names no DistributedDataParallel.
+def _graded_lab03():
+    """Lab 03's released notebook assembled for grading, and its answer cells (to edit as a student would)."""
     setup, probes = probe_files.load("03")
     released = nbformat.read(glob.glob(str(ROOT / "labs" / "03_*.ipynb"))[0], as_version=4)
     graded = assemble(released, released, setup, probes, 0)[0]
-    answers = [c for c in graded.cells if c.metadata.get("dp_course_kind") == "answer"]
+    return graded, [c for c in graded.cells if c.metadata.get("dp_course_kind") == "answer"]
+
+
+def test_a_shortcut_in_an_earlier_answer_cell_counts():
+    # The alias made in 3.1's cell, called from 3.2's: 3.2's own cell names no DistributedDataParallel.
+    graded, answers = _graded_lab03()
     answers[0].source += "\nfrom torch.nn.parallel import DistributedDataParallel as _wrap\n"
     answers[1].source = "def broadcast_parameters(model, src=0):\n    return _wrap(model)\n"
     why = refusal(answer_sources(graded)["3.2"], _probe("03", "3.2").forbidden)
@@ -178,10 +183,7 @@ def test_a_syntax_error_in_an_earlier_answer_cell_hides_no_later_one():
     # A broken 3.1 cell (the kernel runs none of it) made the joined source unparsable, and the scan then read
     # nothing at all: a later cell's eval("dist.all_reduce") passed unrefused. A later cell starting with %%ranks
     # (a cell magic IPython runs as Python) must stay readable too.
-    setup, probes = probe_files.load("03")
-    released = nbformat.read(glob.glob(str(ROOT / "labs" / "03_*.ipynb"))[0], as_version=4)
-    graded = assemble(released, released, setup, probes, 0)[0]
-    answers = [c for c in graded.cells if c.metadata.get("dp_course_kind") == "answer"]
+    graded, answers = _graded_lab03()
     answers[0].source = "def shard_indices(:\n"
     answers[1].source = "%%ranks 2\ndef broadcast_parameters(model, src=0):\n    return eval('dist.all_reduce')\n"
     why = refusal(answer_sources(graded)["3.2"], _probe("03", "3.2").forbidden)

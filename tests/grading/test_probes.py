@@ -149,8 +149,23 @@ def test_a_value_that_breaks_the_comparison_fails_its_probe_without_crashing_the
     ("quit._ip.input_transformers_post.append(lambda lines: lines)\n", "uses `_ip`"),
     ("def f():\n    return In[-1]\n", "uses `In`"),
     ("import sys\ndef f():\n    return sys._getframe(1).f_locals['nonce']\n", "uses `_getframe`"),
+    # The red team's routes past the scan, each as a student wrote it.
+    # The course's own public checks wrap the library (lab 03's common module is DistributedSampler).
+    ("from helpers.grading.checks.lab03.common import _sampler_indices\n"
+     "def shard_indices(*a, **k):\n    return _sampler_indices(*a, **k)\n", "uses `helpers.grading`"),
+    ("from helpers import grading\n", "uses `helpers.grading`"),
+    # A library module under a name of the answer's choosing, then a name computed on it.
+    ("import torch.nn.parallel as P\nDDP = P.__dict__['Distributed' + 'Data' + 'Parallel']\n", "uses `__dict__`"),
+    ("from torch.utils import data as D\nS = getattr(D, 'Distributed' + 'Sampler')\n", "uses `getattr`"),
+    ("import torch\nm = torch.utils.data\nS = m.__dict__['Distributed' + 'Sampler']\n", "uses `__dict__`"),
+    # A module the answer writes at run time, then imports (a8), or a classmate's answers put on sys.path (a5).
+    ("_name = 'Distributed' + 'Sampler'\nopen('shortcut_31.py', 'w').write(f'from torch.utils.data import {_name}')\n"
+     "from shortcut_31 import shard_indices\n", "imports `shortcut_31`, which is not a module"),
+    ("import sys\nsys.path.insert(0, '/tmp')\nfrom classmate import average_gradients\n", "uses `sys.path`"),
+    ("def f():\n    import classmate\n    return classmate.f()\n", "imports `classmate`, which is not a module"),
+    ("import runpy\nns = runpy.run_path('/tmp/x.py')\n", "uses `runpy`"),
 ])
-def test_ipython_syntax_computed_names_and_the_shell_score_zero(source, why):
+def test_ipython_syntax_computed_names_the_shell_and_run_time_modules_score_zero(source, why):
     assert refusal(source, ()).startswith(why), refusal(source, ())
 
 
@@ -272,27 +287,6 @@ def test_an_answer_that_replaced_display_or_the_launcher_changes_no_probe(monkey
                              "nonce", 1)
     shown = capsys.readouterr().out
     assert "FORGED" not in shown and "helpers.grading.shared_run.launch_gloo" in shown, shown
-# The red team's (h52) routes past the scan, each as a student wrote it.
-@pytest.mark.parametrize("source, why", [
-    # The course's own public checks wrap the library (lab 03's common module is DistributedSampler).
-    ("from helpers.grading.checks.lab03.common import _sampler_indices\n"
-     "def shard_indices(*a, **k):\n    return _sampler_indices(*a, **k)\n", "uses `helpers.grading`"),
-    ("from helpers import grading\n", "uses `helpers.grading`"),
-    # A library module under a name of the answer's choosing, then a name computed on it.
-    ("import torch.nn.parallel as P\nDDP = P.__dict__['Distributed' + 'Data' + 'Parallel']\n", "uses `__dict__`"),
-    ("from torch.utils import data as D\nS = getattr(D, 'Distributed' + 'Sampler')\n", "uses `getattr`"),
-    ("import torch\nm = torch.utils.data\nS = m.__dict__['Distributed' + 'Sampler']\n", "uses `__dict__`"),
-    # A module the answer writes at run time, then imports (a8), or a classmate's answers put on sys.path (a5).
-    ("_name = 'Distributed' + 'Sampler'\nopen('shortcut_31.py', 'w').write(f'from torch.utils.data import {_name}')\n"
-     "from shortcut_31 import shard_indices\n", "imports `shortcut_31`, which is not a module"),
-    ("import sys\nsys.path.insert(0, '/tmp')\nfrom classmate import average_gradients\n", "uses `sys.path`"),
-    ("def f():\n    import classmate\n    return classmate.f()\n", "imports `classmate`, which is not a module"),
-    ("import runpy\nns = runpy.run_path('/tmp/x.py')\n", "uses `runpy`"),
-])
-def test_the_red_teams_routes_past_the_scan_score_zero(source, why):
-    assert refusal(source, ()).startswith(why), refusal(source, ())
-
-
 def test_honest_imports_and_names_on_own_objects_stay_allowed():
     source = ("import math\nimport torch.nn as nn\nfrom torch.utils.data import Dataset\nimport numpy as np\n"
               "layer = nn.Linear(2, 2)\nw = getattr(layer, 'weight' if math.pi else 'bias')\n"

@@ -151,40 +151,18 @@ def load_checkpoint(path, model, optimizer):
     torch.set_rng_state(state["rng"])
     return state["next_step"]
 ''', ("rank 0's random state", "dist.all_gather_object")),
-    Mistake("11.4", "the model only, no optimizer state", _SAVE + '''
-def load_checkpoint(path, model, optimizer):
-    state = torch.load(path, weights_only=True)
-    model.load_state_dict(state["model"])
-    torch.set_rng_state(state["rng"][dist.get_rank()])
-    return state["next_step"]
-''', ("momentum was not restored", "optimizer.load_state_dict")),
+    Mistake("11.4", "the model only, no optimizer state",
+            _SAVE + _LOAD.replace('    optimizer.load_state_dict(state["optimizer"])\n', ""),
+            ("momentum was not restored", "optimizer.load_state_dict")),
     Mistake("11.4", "torch.save straight to path: a crash mid-save leaves half a file", _SAVE.replace(
         '''torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)''', "torch.save(state, path)") + _LOAD,
             ("left `path` unreadable", "os.replace(path + '.tmp', path)")),
-    Mistake("11.4", "load_checkpoint returns nothing", _SAVE + '''
-def load_checkpoint(path, model, optimizer):
-    state = torch.load(path, weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"][dist.get_rank()])
-''', ("load_checkpoint returned None", "return the saved next step")),
-    Mistake("11.4", "the step just done saved, so the resume repeats it", '''
-def save_checkpoint(path, model, optimizer, next_step):
-    rng_states = [None] * dist.get_world_size()
-    dist.all_gather_object(rng_states, torch.get_rng_state())
-    if dist.get_rank() == 0:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": next_step - 1,
-                 "rng": rng_states}
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)
-    dist.barrier()
-
-def load_checkpoint(path, model, optimizer):
-    state = torch.load(path, weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"][dist.get_rank()])
-    return state["step"]
-''', ("resumed at step 2", "save next_step and return it")),
+    Mistake("11.4", "load_checkpoint returns nothing",
+            _SAVE + _LOAD.replace('    return state["next_step"]\n', ""),
+            ("load_checkpoint returned None", "return the saved next step")),
+    Mistake("11.4", "the step just done saved, so the resume repeats it",
+            (_SAVE + _LOAD).replace('"next_step": next_step,', '"step": next_step - 1,')
+            .replace('state["next_step"]', 'state["step"]'),
+            ("resumed at step 2", "save next_step and return it")),
 ]

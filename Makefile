@@ -62,10 +62,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # set -x shows the command with the options chosen for this machine; exec: JupyterLab replaces the shell, so
-# Ctrl-C and a kill by PID reach the server itself.
+# Ctrl-C and a kill by PID reach the server itself. The server's root is the checkout (chapters/, labs/ and the
+# rest in the file browser; given only a file, jupyter serves that file's folder), and the URL it prints opens
+# chapter 00 (default_url), headless or not.
+FIRST_CHAPTER := chapters/00_first_distributed_program.ipynb
 lab: setup
 	@args=$$($(PY) scripts/lab_args.py) && set -x && \
-		exec $(VENV)/bin/jupyter lab chapters/00_first_distributed_program.ipynb $$args $(JUPYTER_ARGS)
+		exec $(VENV)/bin/jupyter lab $(FIRST_CHAPTER) --ServerApp.root_dir=. \
+		--LabApp.default_url=/lab/tree/$(FIRST_CHAPTER) $$args $(JUPYTER_ARGS)
 
 # Two pytest workers: most of a test's time is kernels and ranks starting or waiting, so two at once fill
 # the 2 cores better than one. loadscope keeps a test file (and a notebook's cells, which share one kernel)

@@ -5,9 +5,10 @@
 Where `helpers` imports (make lab, JupyterHub after `pip install`, the grader) the cell does nothing. Where it
 does not (a notebook opened on Colab from the repository), it clones COURSE_REPO, installs it with
 `pip install -e` and moves into the clone's folder of that notebook, so relative paths work as they do here.
-COURSE_REPO is the one place the repository's address is written: set it when you publish the course, and
-run this script again to update every notebook. tests/test_install.py checks that every notebook carries
-the current cell, and runs the cell's install branch against a local clone.
+In this repository COURSE_REPO is empty: the course has no public address until an instructor publishes the
+student edition, and `make release COURSE_REPO=<url>` writes that address into every notebook it ships (it
+refuses to release without one). With COURSE_REPO empty, the cell says how to install the course instead.
+tests/test_install.py checks that every notebook carries the current cell, and runs the cell's install branch against a local clone.
 
 The cell is inserted with no outputs: chapters keep their committed outputs (it prints nothing where
 `helpers` imports), and nbval still runs it.
@@ -18,7 +19,7 @@ import sys
 import nbformat
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-COURSE_REPO = "https://github.com/YOUR-ORG/data-parallelism-hands-on.git"  # set this when you publish
+COURSE_REPO = ""  # this repository has no public address; make release COURSE_REPO=<url> writes the release's
 CELL_ID = "install-course"
 FOLDERS = ("chapters", "solutions")
 
@@ -27,10 +28,13 @@ TEMPLATE = '''\
 # `pip install -e` (a few minutes: PyTorch is large) and moves into the clone's {folder}/ folder.
 # If Colab then asks to restart the session, do so and run this cell again.
 # Where `helpers` already imports (make lab, JupyterHub, the grader), it does nothing.
-COURSE_REPO = "{repo}"
+COURSE_REPO = "{repo}"  # the course's public repository; empty in a copy that was never published
 import importlib.util
 if importlib.util.find_spec("helpers") is None:
     import os, subprocess, sys
+    if not COURSE_REPO:
+        raise RuntimeError("the course is not installed in this Jupyter and this copy names no repository to "
+                           "clone: open the notebook from a clone with `make lab`, or `pip install -e` the clone")
     course = os.path.abspath("data-parallelism-hands-on")
     if not os.path.isdir(course):
         subprocess.run(["git", "clone", "--depth", "1", COURSE_REPO, course], check=True)

@@ -7,9 +7,14 @@ torchrun agent and every worker the agent starts. Each line a job prints appears
 prefixed with the job's label. When a job ends, on a timeout, on an interrupt or on an error, we signal that
 process group, by the id of the process we started (SIGTERM, then SIGKILL after KILL_GRACE_S): nothing else is
 touched, and nothing of ours survives the call.
+
+A line's paths of this machine are shown as the reader's own would be: the working directory's prefix is dropped
+(`File "chapters/ops/resumable.py"`), and so is a Python installation's `.../site-packages/` (`torch/_tensor.py`,
+as torch's own log lines name its files), in what the cell prints and in the lines `run` returns.
 """
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -21,10 +26,22 @@ KILL_GRACE_S = 5.0
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
-def _pump(label, stream, lines):
-    """Forward a job's output, line by line, to the queue; None marks its end."""
+# An installed package's folder, up to and including site-packages/ (or Debian's dist-packages/), in any path.
+INSTALLED = re.compile(r"[^\s\"'(\[]*[/\\](?:site|dist)-packages[/\\]")
+
+
+def relative(line, cwd):
+    """The line with this machine's paths shortened: cwd's prefix and an installation's site-packages/ dropped."""
+    line = INSTALLED.sub("", line)
+    for folder in {os.path.abspath(cwd), os.path.realpath(cwd)}:
+        line = line.replace(folder.rstrip(os.sep) + os.sep, "")
+    return line
+
+
+def _pump(label, stream, lines, cwd):
+    """Forward a job's output, line by line, paths made relative, to the queue; None marks its end."""
     for line in stream:
-        lines.put((label, line.rstrip("\n")))
+        lines.put((label, relative(line.rstrip("\n"), cwd)))
     lines.put((label, None))
 
 
@@ -63,7 +80,8 @@ def run(commands, timeout, env=None, cwd=None):
             processes[label] = subprocess.Popen(
                 [str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 env=environment, cwd=cwd, start_new_session=True)
-            threading.Thread(target=_pump, args=(label, processes[label].stdout, lines), daemon=True).start()
+            threading.Thread(target=_pump, args=(label, processes[label].stdout, lines, cwd or os.getcwd()),
+                             daemon=True).start()
         open_streams, ended = len(commands), set()
         while open_streams:
             try:

@@ -132,7 +132,7 @@ def number(n):
 
 
 def instructors_table():
-    """INSTRUCTORS.md's time table, as Markdown lines."""
+    """INSTRUCTORS.md's time table and the totals under it, as Markdown lines."""
     lines = ["| notebook | runs in (s) | load | main-path words | optional words | code cells (main + optional) "
              "| questions | study time: main path | optional sections |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -148,15 +148,23 @@ def instructors_table():
             row = [rel, seconds, load, number(c.main_words), number(c.optional_words),
                    f"{c.main_code} + {c.optional_code}", "-", f"{c.main_minutes} min", optional]
         lines.append("| " + " | ".join(map(str, row)) + " |")
-    return lines
+    return lines + ["", totals_line()]
 
 
-def totals():
-    """(chapters' main paths, chapters' optional sections, labs), in minutes."""
+def hours(minutes):
+    """'4 h 35 min', '5 h', '45 min'."""
+    h, m = divmod(minutes, 60)
+    return " ".join(part for part in (f"{h} h" if h else "", f"{m} min" if m or not h else "") if part)
+
+
+def totals_line():
+    """The sentence under INSTRUCTORS.md's table: chapters' main paths, their optional sections, labs."""
     counts = [count(rel) for rel in notebooks()]
-    return (sum(c.main_minutes for c in counts if not c.is_lab),
-            sum(c.optional_minutes for c in counts if not c.is_lab),
-            sum(c.main_minutes for c in counts if c.is_lab))
+    main = sum(c.main_minutes for c in counts if not c.is_lab)
+    optional = sum(c.optional_minutes for c in counts if not c.is_lab)
+    labs = sum(c.main_minutes for c in counts if c.is_lab)
+    return (f"In all: {hours(main)} of chapters' main paths, {hours(optional)} of their optional sections and "
+            f"{hours(labs)} of labs, before exercises.")
 
 
 def title(rel):

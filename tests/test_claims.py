@@ -1,7 +1,8 @@
 """Every reference in the course's text points at something a reader can open.
 
 Text = the markdown cells and code comments of chapters/, solutions/ and labs/ notebooks (outputs are not read),
-README.md, INSTRUCTORS.md and the Markdown files under solutions/ and chapters/. Fast: JSON and regular
+the top-level Markdown files (README.md and the files it links: INSTALL, GPU, TESTING, INSTRUCTORS, GRADING)
+and the Markdown files under solutions/ and chapters/. Fast: JSON and regular
 expressions, no kernel, no torch import.
 
 The reference formats the test parses, and what each must satisfy:
@@ -29,7 +30,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TORCH = pathlib.Path(importlib.util.find_spec("torch").submodule_search_locations[0])
 NOTEBOOKS = sorted(p for d in ("chapters", "solutions", "labs") for p in (ROOT / d).glob("*.ipynb"))
-MARKDOWN = [ROOT / "README.md", ROOT / "INSTRUCTORS.md",
+MARKDOWN = [*sorted(ROOT.glob("*.md")),
             *sorted((ROOT / "solutions").glob("*.md")), *sorted((ROOT / "chapters").rglob("*.md"))]
 SHIPPED_MD = {p.name for p in ROOT.rglob("*.md") if not {".venv", "artifacts", "build"} & set(p.parts)}
 # ... or written by the repository's own tools (a report, a release's manifest): named in their source.

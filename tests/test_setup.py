@@ -35,6 +35,7 @@ def test_environment_yml_matches_pyproject():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci/run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+    assert "make test" in (ROOT / "TESTING.md").read_text()
 
 
 # --- which torch build `make setup` installs (scripts/pip_install_args.py) ---------------------------------

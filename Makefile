@@ -32,6 +32,9 @@ ONLY ?=
 FORMAT ?=
 DEADLINE ?=
 TIMES ?=
+# make release OUT=dir COURSE_REPO=url: the address students will clone the release from, written into every
+# notebook's install cell; the release refuses to run without one (or with a placeholder such as YOUR-ORG).
+COURSE_REPO ?=
 
 .PHONY: setup lab labs test test-install bench bench-grading grade release gpu-check clean help
 
@@ -43,7 +46,8 @@ help:
 	@echo "make bench  time the launcher (vs spawn, fork) and lab 04's bucketed DDP (vs torch DDP)"
 	@echo "make bench-grading   time grading a class of 20 (lab 03)"
 	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]: grade a class"
-	@echo "make release OUT=dir   write the student repository: no solutions, probes or answer key (a new dir)"
+	@echo "make release OUT=dir COURSE_REPO=url   write the student repository into a new dir: no solutions, probes or"
+	@echo "            answer key; url = its public address, which every notebook's install cell clones on Colab"
 	@echo "make setup  create .venv and install the course into it (idempotent) [TORCH_INDEX=url|default]"
 	@echo "make gpu-check   on a machine with GPUs: every chapter, lab solution and the capstone on NCCL ->"
 	@echo "            artifacts/gpu-check/report.md (without a GPU: says so, exits 0)"
@@ -110,8 +114,8 @@ grade: setup
 
 # The student edition, a new repository outside this one; helpers/grading/release.py says what it leaves out.
 release: setup
-	@test -n "$(OUT)" || { echo "usage: make release OUT=../student-repo (a new or empty directory outside this one)"; exit 2; }
-	$(PY) -m helpers.grading.release --out $(OUT)
+	@test -n "$(OUT)" || { echo "usage: make release OUT=../student-repo COURSE_REPO=https://github.com/<owner>/<name>.git (OUT: a new or empty directory outside this one)"; exit 2; }
+	$(PY) -m helpers.grading.release --out '$(OUT)' --course-repo '$(COURSE_REPO)'
 
 # Every chapter and solution under papermill with BACKEND="nccl" and world sizes capped at the GPU count, the device
 # guard in its "check" mode, then the capstone under torchrun; scripts/gpu_check.py says what the report holds.

@@ -1,7 +1,13 @@
-"""`make release OUT=dir`: the student edition of the course, without solutions, hidden tests or answers.
+"""`make release OUT=dir COURSE_REPO=url`: the student edition of the course, without solutions, probes or answers.
 
-    python -m helpers.grading.release --out ../student-repo     # writes it, `git init` + one commit
-    python -m helpers.grading.release --dry-run                 # only says what would ship, and scans it
+    python -m helpers.grading.release --out ../student-repo --course-repo https://github.com/ORG/NAME.git
+    python -m helpers.grading.release --dry-run      # only says what would ship, and scans it (no address needed)
+
+COURSE_REPO is the public address students will clone the release from: the install cell at the top of every
+notebook (scripts/colab_cell.py) clones it on Colab, so the release writes it into every chapter's and lab's cell,
+into scripts/colab_cell.py (whose test compares the cells with it) and into the docs' `git clone <this repository>`. It
+refuses an address that is missing, not an http(s), ssh or git URL (nor `git@host:path`), or a placeholder
+(YOUR-ORG, <owner>, example.com): the students' notebooks would name an address that clones nothing.
 
 OUT must be new (or an empty directory) and outside this repository: the release is a new repository with a
 history of its own, never a copy of this one's `.git`. It ships the working tree (git's tracked files and the
@@ -48,12 +54,14 @@ import argparse
 import ast
 import datetime
 import fnmatch
+import importlib.util
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 
 import nbformat
 
@@ -87,6 +95,31 @@ MANIFEST = release_text.MANIFEST
 
 class ReleaseError(ValueError):
     """The release cannot be written; the message says what is wrong and what to do."""
+
+
+# An address that only looks like one: YOUR-ORG, your_name, <owner>, {org}, example.com, placeholder, changeme.
+PLACEHOLDER = re.compile(r"your[-_]|[<>{}\[\]]|\bexample\.(com|org|net)\b|placeholder|changeme|\bxxx", re.IGNORECASE)
+SCP_LIKE = re.compile(r"[\w.-]+@[\w.-]+\.[a-z]{2,}:[\w./~-]*\w")  # git@github.com:owner/name.git
+REPO_EXAMPLE = "COURSE_REPO=https://github.com/<owner>/<name>.git"
+
+
+def check_repo(repo):
+    """The public address the release's install cells clone, or a one-line ReleaseError naming what to pass."""
+    if not repo or not repo.strip():
+        raise ReleaseError(f"no COURSE_REPO: every notebook's install cell clones the students' repository on Colab; "
+                           f"pass its public address, e.g. make release OUT=../student-repo {REPO_EXAMPLE}")
+    if re.search(r"[\s\"'\\]", repo) or not repo.isprintable():
+        raise ReleaseError(f"COURSE_REPO={repo!r} holds spaces, quotes or backslashes: pass the address alone, e.g. "
+                           f"{REPO_EXAMPLE}")
+    if PLACEHOLDER.search(repo):
+        raise ReleaseError(f"COURSE_REPO={repo} is a placeholder, not an address students can clone: pass the public "
+                           f"repository the release will be published at, e.g. {REPO_EXAMPLE}")
+    url = urllib.parse.urlsplit(repo)
+    is_url = url.scheme in ("http", "https", "ssh", "git") and bool(url.hostname) and bool(url.path.strip("/"))
+    if not is_url and not SCP_LIKE.fullmatch(repo):
+        raise ReleaseError(f"COURSE_REPO={repo} is not an http(s), ssh or git URL of a repository (nor git@host:path): "
+                           f"pass the address `git clone` takes, e.g. {REPO_EXAMPLE}")
+    return repo
 
 
 def tracked_files(root):
@@ -200,8 +233,47 @@ def refusal(refused):
                         f"generalises, add it to ALLOWED in helpers/grading/release.py with the reason.")
 
 
-def plan(root=ROOT):
-    """({path: text or None for binary} that ships, {path: reason} left out)."""
+def colab_cell_module(root):
+    """root's scripts/colab_cell.py, loaded as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("colab_cell", root / "scripts" / "colab_cell.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def name_repo(shipped, repo, root):
+    """Write repo into the shipped install cells, scripts/colab_cell.py and the README; the notebooks it wrote."""
+    colab = colab_cell_module(root)
+    script = "scripts/colab_cell.py"
+    line = f'COURSE_REPO = "{repo}"  # written by make release: the address this repository is published at'
+    text, found = re.subn(r'^COURSE_REPO = "[^"\n]*".*$', lambda _: line, shipped[script], count=1,
+                          flags=re.MULTILINE)
+    if not found:
+        raise ReleaseError(f'{script} has no line `COURSE_REPO = "..."` to write the address into: restore it '
+                           f"(tests/test_install.py compares every notebook's install cell with it)")
+    shipped[script] = text
+    written = []
+    for p in sorted(shipped):
+        folder = pathlib.PurePath(p).parent.name
+        if not p.endswith(".ipynb") or folder not in colab.WORKING_FOLDER:
+            continue
+        nb = nbformat.reads(shipped[p], as_version=4)
+        cells = [c for c in nb.cells if c.get("id") == colab.CELL_ID]
+        if not cells:
+            raise ReleaseError(f"{p} has no install cell (id {colab.CELL_ID!r}) to write COURSE_REPO into: run "
+                               f"`.venv/bin/python scripts/colab_cell.py` and `make labs`, then release again")
+        cells[0].source = colab.cell_source(colab.WORKING_FOLDER[folder], repo=repo)
+        shipped[p] = nbformat.writes(nb).rstrip("\n") + "\n"  # as nbformat.write writes it
+        written.append(p)
+    for p, text in shipped.items():  # the front page's and INSTALL.md's `git clone <this repository> dp-course`
+        if p.endswith(".md") and text is not None:
+            shipped[p] = text.replace("<this repository>", repo)
+    return written
+
+
+def plan(root=ROOT, repo=None):
+    """({path: text or None for binary} that ships, {path: reason} left out); repo: written into the install cells
+    (name_repo), or None for a dry run, whose notebooks keep this repository's cells."""
     files = tracked_files(root)
     out = left_out(root, files)
     shipped = {}
@@ -213,6 +285,8 @@ def plan(root=ROOT):
                 shipped[p] = None
     shipped["Makefile"] = release_text.makefile(shipped["Makefile"], out)
     shipped["README.md"] = release_text.readme(shipped["README.md"])
+    if repo is not None:
+        name_repo(shipped, repo, root)
     return shipped, out
 
 
@@ -227,22 +301,29 @@ def source_description(root):
     return f"commit {head.stdout.strip()}{extra}, {when}"
 
 
-def build(out, *, root=ROOT, git=True, allowed=None):
-    """Write the release into out (new or empty, outside root); returns (out, shipped, left out)."""
+def build(out, *, repo, root=ROOT, git=True, allowed=None):
+    """Write the release into out (new or empty, outside root), its install cells cloning repo; returns (out,
+    shipped, left out)."""
     root = pathlib.Path(root).resolve()
+    repo = check_repo(repo)
     out = check_out(out, root)
-    shipped, left = plan(root)
+    shipped, left = plan(root, repo)
     refused, allowed_findings, coverage = scan_for_answers(shipped, root, allowed)
     if refused:
         raise refusal(refused)
-    shipped[MANIFEST] = release_text.manifest(shipped, left, coverage, allowed_findings, source_description(root))
+    shipped[MANIFEST] = release_text.manifest(shipped, left, coverage, allowed_findings, source_description(root),
+                                              repo)
     for p, text in shipped.items():
         target = out / p
         target.parent.mkdir(parents=True, exist_ok=True)
-        if text is None or p in ("Makefile", "README.md", MANIFEST):
-            shutil.copy2(root / p, target) if text is None else target.write_text(text)
-        else:
+        if text is None:
             shutil.copy2(root / p, target)  # keeps the mode (scripts stay executable) and the time
+        elif (root / p).is_file() and text == (root / p).read_text():
+            shutil.copy2(root / p, target)
+        else:  # rewritten here: the Makefile, README, manifest, notebooks and scripts/colab_cell.py
+            target.write_text(text)
+            if (root / p).is_file():
+                shutil.copymode(root / p, target)
     if git and shutil.which("git"):
         commit(out)
     return out, shipped, left
@@ -261,24 +342,31 @@ def commit(out):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Write the student release of the course.")
     parser.add_argument("--out", help="a new or empty directory outside this repository")
+    parser.add_argument("--course-repo", help="the public address students clone the release from (COURSE_REPO)")
     parser.add_argument("--no-git", action="store_true", help="do not git init the release")
     parser.add_argument("--dry-run", action="store_true", help="only list what would be left out, and scan")
     options = parser.parse_args(argv)
     try:
         if options.dry_run:
-            shipped, left = plan()
+            repo = check_repo(options.course_repo) if options.course_repo is not None else None
+            shipped, left = plan(ROOT, repo)
             refused, allowed, coverage = scan_for_answers(shipped, ROOT)
-            print(release_text.manifest(shipped, left, coverage, allowed, source_description(ROOT)))
+            print(release_text.manifest(shipped, left, coverage, allowed, source_description(ROOT), repo))
+            if repo is None:
+                print("dry run without COURSE_REPO: the notebooks were scanned with this repository's install cell; "
+                      "make release itself refuses to run without COURSE_REPO=<the address students clone>")
             if refused:
                 raise refusal(refused)
             return 0
         if not options.out:
-            raise ReleaseError("no OUT: pass the directory to write, e.g. make release OUT=../student-repo")
-        out, shipped, left = build(options.out, git=not options.no_git)
+            raise ReleaseError(f"no OUT: pass the directory to write, e.g. make release OUT=../student-repo "
+                               f"{REPO_EXAMPLE}")
+        out, shipped, left = build(options.out, repo=options.course_repo, git=not options.no_git)
     except ReleaseError as exc:
         print(f"make release: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {out}: {len(shipped)} files; left out {len(left)} ({MANIFEST} says which and why)")
+    print(f"wrote {out}: {len(shipped)} files; left out {len(left)} ({MANIFEST} says which and why); every "
+          f"notebook's install cell clones {options.course_repo}")
     return 0
 
 

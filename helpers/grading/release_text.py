@@ -8,10 +8,24 @@ MANIFEST = "RELEASE_MANIFEST.md"
 SCANNED = (".py", ".ipynb", ".md")
 
 
+# The private repository runs the student labs in tests/test_labs.py (with the probes, which the release leaves out);
+# the release runs them under nbval with the chapters: each must run to its end.
+LAB_NOTEBOOKS = ('# Chapters and the student labs run under nbval: a lab must run to its end, its checks saying "not\n'
+                 '# implemented" until you write the answers (the private repository: tests/test_labs.py).\n'
+                 'NOTEBOOKS := $(wildcard chapters/*.ipynb labs/*.ipynb)')
+
+
 def makefile(text, out):
-    """The Makefile without the targets that need what is left out, nor recipe lines that run a module left out."""
+    """The Makefile without the targets that need what is left out, nor recipe lines that run a module left out; its
+    make test runs the student labs under nbval when tests/test_labs.py is left out."""
     modules = {p[:-3].replace("/", ".") for p in out if p.endswith(".py")}
-    kept, skipping = [], False
+    if "tests/test_labs.py" in out:
+        text, found = re.subn(r"^(#.*\n)*NOTEBOOKS := \$\(wildcard chapters/\*\.ipynb\)$", lambda _: LAB_NOTEBOOKS,
+                              text, count=1, flags=re.MULTILINE)
+        if not found:
+            raise ValueError("Makefile: no line `NOTEBOOKS := $(wildcard chapters/*.ipynb)` to add the labs to: "
+                             "restore it, or change helpers/grading/release_text.py's makefile with it")
+    kept, skipping, dropped_help = [], False, False
     for line in text.splitlines():
         target = re.match(r"^([A-Za-z][\w-]*):", line)
         if target:
@@ -23,12 +37,33 @@ def makefile(text, out):
                 kept.pop()
         if skipping or any(re.search(rf"-m {re.escape(m)}\b", line) for m in modules):
             continue
-        if re.match(r'^\t@echo "make (\S+)', line) and re.match(r'^\t@echo "make (\S+)', line)[1] in DROPPED_TARGETS:
-            continue
+        echo = re.match(r'^\t@echo "(make (\S+)| )', line)  # a target's help line, or its continuation
+        if echo:
+            dropped_help = echo[2] in DROPPED_TARGETS if echo[2] else dropped_help
+            if dropped_help:
+                continue
         if line.startswith(".PHONY:"):
             line = " ".join(w for w in line.split() if w not in DROPPED_TARGETS)
         kept.append(line)
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)) + "\n"
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(drop_unused_variables(kept))) + "\n"
+
+
+def drop_unused_variables(lines):
+    """Lines less the options of the dropped targets: a comment block that starts `# make <dropped target>`, and
+    every `NAME ?=` no kept line uses any more (`OUT ?=`, `COURSE_REPO ?=`: make grade's and make release's)."""
+    kept, in_dropped_comment = [], False
+    for line in lines:
+        if line.startswith("#"):
+            header = re.match(r"^# make (\S+)", line)
+            in_dropped_comment = (header[1] in DROPPED_TARGETS) if header else in_dropped_comment
+            if in_dropped_comment:
+                continue
+        else:
+            in_dropped_comment = False
+        kept.append(line)
+    text = "\n".join(kept)
+    defined = [re.match(r"^(\w+) \?=", line) for line in kept]
+    return [line for line, name in zip(kept, defined) if not name or f"$({name[1]})" in text]
 
 
 def readme(text):
@@ -40,13 +75,15 @@ def readme(text):
     return f"{title}\n\n{note}{rest.lstrip(chr(10))}" if title.startswith("#") else note + text
 
 
-def manifest(shipped, out, coverage, allowed_findings, source):
-    """RELEASE_MANIFEST.md: what is left out and why, and what the scan for answers measured."""
+def manifest(shipped, out, coverage, allowed_findings, source, repo=None):
+    """RELEASE_MANIFEST.md: what is left out and why, the address the install cells clone, what the scan measured."""
     by_reason = {}
     for p, reason in sorted(out.items()):
         by_reason.setdefault(reason, []).append(p)
+    where = (f"Every notebook's install cell clones `{repo}` (COURSE_REPO) on Colab.\n" if repo else
+             "Dry run without COURSE_REPO: the notebooks keep the private repository's install cell.\n")
     lines = ["# What this release leaves out, and why\n",
-             f"Written by `make release` ({source}). {len(shipped)} files shipped, {len(out)} left out.\n"]
+             f"Written by `make release` ({source}). {len(shipped)} files shipped, {len(out)} left out.\n", where]
     for reason, paths in by_reason.items():
         lines += [f"- **{reason}**:", *[f"  - `{p}`" for p in paths]]
     lines += ["\n## Scan for answer code\n",
@@ -58,5 +95,5 @@ def manifest(shipped, out, coverage, allowed_findings, source):
               "| file | question | kept | replaced |", "|---|---|---|---|"]
     closest = sorted(coverage.items(), key=lambda item: -max(item[1]))
     lines += [f"| `{p}` | {q} | {a:.0%} | {b:.0%} |" for (p, q), (a, b) in closest if max(a, b) >= 0.3]
-    lines.append("\nTests left out cannot run here; `make test` runs the others, every chapter included.")
+    lines.append("\nTests left out cannot run here; `make test` runs the others, every chapter and student lab included.")
     return "\n".join(lines) + "\n"

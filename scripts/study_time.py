@@ -3,6 +3,7 @@
     .venv/bin/python scripts/study_time.py            # INSTRUCTORS.md's time table (paste it there)
     .venv/bin/python scripts/study_time.py readme     # the README's chapter table
     .venv/bin/python scripts/study_time.py words      # per chapter: main-path words, optional words, code cells
+    .venv/bin/python scripts/study_time.py weeks      # per syllabus week: the time stated and the time computed
 
 The rule (INSTRUCTORS.md, "Time"):
 - a chapter: its markdown words at 100 words per minute, plus 1.5 minutes per code cell, rounded to 5 minutes,
@@ -202,9 +203,65 @@ def words_table():
     return lines
 
 
+ITEM = re.compile(r"(lab )?\b(\d\d)\b( optional)?[^(),;]*\((\d+)\)")
+
+
+def syllabus(text, heading):
+    """The weeks of the syllabus table under `heading` in text (INSTRUCTORS.md), each a dict:
+    week, items [(kind, NN, stated minutes)] with kind 'chapter', 'lab' or 'optional', counted [items summed],
+    stated (the week's total as written). Columns: week | chapters | labs due | study time | apart. A chapter is
+    written `NN name (minutes)`, a lab `lab NN (minutes)`, optional sections `NN optional (minutes)`; the week's
+    sum counts the chapters and labs of its columns 2 and 3, not what is apart. Every number in parentheses must
+    be one of these items, so no stated time escapes the check."""
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"\| \d+ \|", line)]
+    weeks = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) != 5:
+            raise ValueError(f"{heading}: a week has 5 columns (week, chapters, labs due, study time, apart): {row}")
+        week, chapters, labs, total, apart = cells
+        items, counted = [], []
+        for column, cell in ((1, chapters), (2, labs), (4, apart)):
+            found = [("lab" if lab else "optional" if optional else "chapter", nn, int(minutes))
+                     for lab, nn, optional, minutes in ITEM.findall(cell)]
+            if len(found) != len(re.findall(r"\(\d+\)", cell)):
+                raise ValueError(f"{heading}, week {week}: a time in '{cell}' belongs to no `NN name (min)`, "
+                                 "`lab NN (min)` or `NN optional (min)`")
+            items += found
+            counted += [item for item in found if column in (1, 2) and item[0] != "optional"]
+        stated = re.match(r"(\d+) min", total)
+        if not stated:
+            raise ValueError(f"{heading}, week {week}: the study time column starts with 'N min': {total!r}")
+        weeks.append({"week": int(week), "items": items, "counted": counted, "stated": int(stated[1])})
+    return weeks
+
+
+def item_minutes(kind, nn):
+    """The rule's minutes for a syllabus item: a chapter's main path, its optional sections, or a lab."""
+    folder = "labs" if kind == "lab" else "chapters"
+    matches = sorted((ROOT / folder).glob(f"{nn}_*.ipynb"))
+    if len(matches) != 1:
+        raise ValueError(f"{kind} {nn}: {len(matches)} notebooks {folder}/{nn}_*.ipynb; want exactly one")
+    c = count(matches[0])
+    return c.optional_minutes if kind == "optional" else c.main_minutes
+
+
+def weeks_table(path=ROOT / "INSTRUCTORS.md"):
+    """Per syllabus week: what its table states and what the rule computes from the notebooks."""
+    lines = []
+    for heading in ("## A 6-week syllabus", "## A 10-week syllabus"):
+        lines.append(heading[3:])
+        for w in syllabus(path.read_text(), heading):
+            computed = sum(item_minutes(kind, nn) for kind, nn, _ in w["counted"])
+            lines.append(f"  week {w['week']:>2}: stated {w['stated']:>3} min, computed {computed:>3} min "
+                         f"({hours(computed)}){'  OVER 5 h' if computed > WEEK_MAX_MINUTES else ''}")
+    return lines
+
+
 def main(argv):
     what = argv[0] if argv else "instructors"
-    tables = {"instructors": instructors_table, "readme": readme_table, "words": words_table}
+    tables = {"instructors": instructors_table, "readme": readme_table, "words": words_table, "weeks": weeks_table}
     if what not in tables:
         raise SystemExit(f"unknown table {what!r}: pass one of {', '.join(tables)}")
     print("\n".join(tables[what]()))

@@ -1,9 +1,11 @@
-"""JupyterLab and headless Chromium for tests/test_browser.py: start, drive a notebook, stop everything.
+"""JupyterLab and headless Chromium for tests/test_browser.py and tests/test_journey.py: start, drive a notebook,
+stop everything.
 
-The server runs from this venv on a free loopback port with a random token, in Jupyter directories of
-its own (no user settings, workspaces or kernelspecs), on copies of the notebooks. Every process it
-starts (server, kernels, their ranks) carries a marker in its environment, so teardown can find them
-all, even the ones a dead parent left behind, and kill exactly those.
+Lab (test_browser.py) runs the server from this venv on a free loopback port with a random token, on copies of
+the notebooks; MakeLab (test_journey.py) runs `make lab` in a copy of the repository and reads the URL it prints.
+Both give the server Jupyter directories of its own (no user settings, workspaces or kernelspecs). Every process
+it starts (server, kernels, their ranks) carries a marker in its environment, so teardown can find them all, even
+the ones a dead parent left behind, and kill exactly those.
 
 Given a zygote (make test, which loads tests/warm_kernels.py: the socket of the pytest worker's zygote), the
 server's "python3" kernels are forks of it, as nbval's are: a kernel started the usual way costs ~4 s of CPU (an
@@ -18,11 +20,13 @@ import os
 import pathlib
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import nbformat
@@ -85,6 +89,87 @@ def copy_clean(notebook, dest_dir, through=None):
     nbformat.write(nb, pathlib.Path(dest_dir) / pathlib.Path(notebook).name)
 
 
+def jupyter_dirs(home):
+    """Jupyter's directories (config, data, runtime, IPython's) under home: no user settings, workspaces or
+    kernelspecs of this machine's user."""
+    home = pathlib.Path(home)
+    return {"JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
+            "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "IPYTHONDIR": str(home / "ipython")}
+
+
+def write_config(config):
+    """The server's config (no news feed) and USER_SETTINGS, in the Jupyter config directory `config`."""
+    config = pathlib.Path(config)
+    config.mkdir(parents=True, exist_ok=True)
+    # news_url=None turns the news feed off; it cannot be given on the command line.
+    (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {"news_url": None}}))
+    for name, values in USER_SETTINGS.items():
+        path = config / "lab" / "user-settings" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
+def warm_kernel_env(home, config, zygote):
+    """The python3 kernelspec with the zygote's provisioner and the server config that registers it; the
+    server's environment variables that point it at the zygote."""
+    from tests.warm_kernels import PROVISIONER, SOCKET_ENV
+
+    # On JUPYTER_PATH, which comes before the venv's own python3 (in a venv, jupyter_core puts the venv's
+    # directories before JUPYTER_DATA_DIR: a spec there was ignored, and the kernels started the usual way).
+    spec = pathlib.Path(home) / "kernelspecs" / "kernels" / "python3"
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (ipykernel)", "language": "python",  # as ipykernel's own, on the page
+        "metadata": {"kernel_provisioner": {"provisioner_name": PROVISIONER}}}))
+    (pathlib.Path(config) / "jupyter_server_config.py").write_text(  # the server runs it at start
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "from tests import warm_kernels\nwarm_kernels.register_provisioner()\n")
+    kernelspecs = str(pathlib.Path(home) / "kernelspecs")
+    jupyter_path = os.pathsep.join(p for p in (kernelspecs, os.environ.get("JUPYTER_PATH")) if p)
+    return {SOCKET_ENV: zygote, "JUPYTER_PATH": jupyter_path}
+
+
+def started_by(marker, root=None):
+    """Pids of live processes whose environment holds DP_COURSE_BROWSER_TEST=marker (a server, the kernels it
+    started, their ranks) or, given root, whose working directory is root or under it (a kernel forked by the
+    zygote: its /proc environment is the zygote's, without the marker; its ranks inherit its directory)."""
+    needle = f"DP_COURSE_BROWSER_TEST={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0") and not _works_under(entry, root):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(entry))
+    return found
+
+
+def _works_under(pid, root):
+    """Whether the process's working directory is root or under it."""
+    if root is None:
+        return False
+    try:
+        return pathlib.Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(pathlib.Path(root).resolve())
+    except OSError:
+        return False
+
+
+def kill_all(pids, signum=signal.SIGKILL):
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
 class Lab:
     """`jupyter lab` serving root_dir; state (config, data, runtime, settings) lives under home."""
 
@@ -97,20 +182,10 @@ class Lab:
 
     def start(self, timeout=60.0):
         config = self.home / "config"
-        # news_url=None turns the news feed off; it cannot be given on the command line.
-        (config / "jupyter_server_config.json").parent.mkdir(parents=True, exist_ok=True)
-        (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {"news_url": None}}))
-        for name, values in USER_SETTINGS.items():
-            path = config / "lab" / "user-settings" / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(values))
-        env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config),
-                   JUPYTER_DATA_DIR=str(self.home / "data"),
-                   JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
-                   IPYTHONDIR=str(self.home / "ipython"),
-                   DP_COURSE_BROWSER_TEST=self.marker)
+        write_config(config)
+        env = dict(os.environ, **jupyter_dirs(self.home), DP_COURSE_BROWSER_TEST=self.marker)
         if self.zygote:
-            env.update(self._warm_kernels(config))
+            env.update(warm_kernel_env(self.home, config, self.zygote))
         env.pop("JUPYTERLAB_SETTINGS_DIR", None)
         env.pop("JUPYTERLAB_WORKSPACES_DIR", None)
         cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
@@ -137,25 +212,6 @@ class Lab:
                 time.sleep(0.25)
         raise RuntimeError(f"jupyter lab did not answer within {timeout:.0f} s:\n{self.log_text()}")
 
-    def _warm_kernels(self, config):
-        """The python3 kernelspec with the zygote's provisioner and the server config that registers it; the
-        server's environment variables that point it at the zygote."""
-        from tests.warm_kernels import PROVISIONER, SOCKET_ENV
-
-        # On JUPYTER_PATH, which comes before the venv's own python3 (in a venv, jupyter_core puts the venv's
-        # directories before JUPYTER_DATA_DIR: a spec there was ignored, and the kernels started the usual way).
-        spec = self.home / "kernelspecs" / "kernels" / "python3"
-        spec.mkdir(parents=True, exist_ok=True)
-        (spec / "kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3 (ipykernel)", "language": "python",  # as ipykernel's own, on the page
-            "metadata": {"kernel_provisioner": {"provisioner_name": PROVISIONER}}}))
-        (config / "jupyter_server_config.py").write_text(  # the server runs it at start
-            f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-            "from tests import warm_kernels\nwarm_kernels.register_provisioner()\n")
-        jupyter_path = os.pathsep.join(p for p in (str(self.home / "kernelspecs"), os.environ.get("JUPYTER_PATH")) if p)
-        return {SOCKET_ENV: self.zygote, "JUPYTER_PATH": jupyter_path}
-
     def api(self, path):
         return f"{self.url}/api/{path}?token={self.token}"
 
@@ -175,30 +231,8 @@ class Lab:
         return (self.home / "server.log").read_text(errors="replace")[-4000:]
 
     def processes(self):
-        """Pids of live processes started by this server (itself, kernels, ranks), by the marker."""
-        needle = f"DP_COURSE_BROWSER_TEST={self.marker}".encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle not in f.read().split(b"\0") and not self._works_here(entry):
-                        continue
-                with open(f"/proc/{entry}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue
-            except OSError:
-                continue
-            found.append(int(entry))
-        return found
-
-    def _works_here(self, pid):
-        """Whether the process's working directory is the notebooks' root (a kernel forked by the zygote)."""
-        try:
-            return self.zygote and pathlib.Path(os.readlink(f"/proc/{pid}/cwd")) == self.root_dir.resolve()
-        except OSError:
-            return False
+        """Pids of live processes started by this server (itself, kernels, ranks)."""
+        return started_by(self.marker, self.root_dir if self.zygote else None)
 
     def stop(self, timeout=15.0):
         """SIGTERM the server's group (it shuts its kernels down), then SIGKILL whatever carries the
@@ -213,15 +247,117 @@ class Lab:
         while time.monotonic() < deadline and (self.proc.poll() is None or self.processes()):
             time.sleep(0.2)
         leftovers = self.processes()
-        for pid in leftovers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(leftovers)
         if self.proc.poll() is None:
             self.proc.wait(5)
         self.log.close()
         return leftovers
+
+
+def copy_checkout(dest):
+    """The repository's tracked files (as they are in the working tree) copied into dest, with their times, and
+    .venv a link to this one's: `make lab` there finds .venv/.installed newer than pyproject.toml, as here, and
+    does not reinstall. Returns dest."""
+    dest = pathlib.Path(dest)
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():  # not a file deleted in the working tree
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)  # copy2: with its modification time
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+    return dest
+
+
+# The URL JupyterLab prints for the loopback address, token included.
+PRINTED_URL = re.compile(r"http://127\.0\.0\.1:(?P<port>\d+)(?P<path>/[^?\s]*)\?token=(?P<token>\w+)")
+
+
+class MakeLab:
+    """`make lab` as a student runs it (headless, so --no-browser; as root here, so --allow-root), in `checkout`,
+    with Jupyter's directories under `home`; the URL, port and token are read from what it prints.
+
+    Given a zygote (make test), the server's python3 kernels are forks of it (warm_kernel_env), through the
+    environment only: the command stays `make lab`. Stopped by SIGTERM to the process group of the make started
+    here (make and, by its exec, JupyterLab, which shuts its kernels down); the kernels lead sessions of their
+    own, so leftovers are found by the marker in their environment or their working directory in the checkout.
+    """
+
+    def __init__(self, checkout, home, zygote=None):
+        self.checkout, self.home, self.zygote = pathlib.Path(checkout), pathlib.Path(home), zygote
+        self.marker = f"dp-course-make-lab-{secrets.token_hex(8)}"
+        self.log_path = self.home / "make_lab.log"
+        self.make = self.url = self.port = self.token = self.leftovers = None
+
+    def environment(self):
+        """This process's environment without a display (the headless machine) or make's variables (not a
+        sub-make of make test), with Jupyter's directories of our own."""
+        dropped = ("DISPLAY", "WAYLAND_DISPLAY", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "JUPYTER_ARGS",
+                   "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR")
+        env = {k: v for k, v in os.environ.items() if k not in dropped}
+        env.update(jupyter_dirs(self.home), DP_COURSE_BROWSER_TEST=self.marker)
+        write_config(self.home / "config")
+        if self.zygote:
+            env.update(warm_kernel_env(self.home, self.home / "config", self.zygote))
+        return env
+
+    def start(self, timeout=90.0):
+        """Run `make lab`; return once it has printed its URL and the server answers there."""
+        with open(self.log_path, "w") as log:
+            self.make = subprocess.Popen(["make", "--no-print-directory", "lab"], cwd=self.checkout,
+                                         env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.make.poll() is not None:
+                raise RuntimeError(f"make lab exited ({self.make.returncode}) before serving:\n{self.log_text()}")
+            printed = PRINTED_URL.search(self.log_text())
+            if printed:
+                self.url, self.port, self.token = printed[0], int(printed["port"]), printed["token"]
+                # jupyter_server prints the URL before its event loop binds the port (CI of f0390d5 was refused)
+                try:
+                    with urllib.request.urlopen(self.api("status"), timeout=2) as reply:
+                        if reply.status == 200:
+                            return self
+                except OSError:
+                    pass
+            time.sleep(0.25)
+        raise RuntimeError(f"make lab served nothing within {timeout:.0f} s; it printed:\n{self.log_text()}")
+
+    def api(self, path):
+        return f"http://127.0.0.1:{self.port}/api/{path}?token={self.token}"
+
+    def get(self, url):
+        """(status, body) of a GET; an HTTP error's status too."""
+        try:
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                return reply.status, reply.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def log_text(self):
+        return self.log_path.read_text(errors="replace")
+
+    def processes(self):
+        """Pids of live processes started by make lab (make, JupyterLab, kernels, ranks)."""
+        return started_by(self.marker, self.checkout)
+
+    def stop(self, timeout=30.0):
+        """SIGTERM make's process group, wait for everything it started to end, SIGKILL what has not.
+        Returns the pids that had to be killed (empty when the shutdown was clean); called again, those."""
+        if self.make is None or self.leftovers is not None:
+            return self.leftovers or []
+        if self.make.poll() is None:  # not reaped: its pid, the group's id, cannot have been reused
+            os.killpg(self.make.pid, signal.SIGTERM)
+        else:
+            kill_all(self.processes(), signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (self.make.poll() is None or self.processes()):
+            time.sleep(0.2)
+        self.leftovers = self.processes()
+        kill_all(self.leftovers)
+        self.make.wait(10)
+        return self.leftovers
 
 
 def launch_chromium(playwright, executable, user_data_dir):
@@ -260,8 +396,7 @@ def close_notebook(page):
 
 def run_all_cells(page):
     """Run > Run All Cells, through the menu bar as a person would."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    run_menu(page, "Run All Cells")
 
 
 # Run in the page: Python asking through Playwright's driver costs a round trip per locator (Python, its node
@@ -299,3 +434,15 @@ def wait_until_run(page, timeout_s):
 def error_texts(page):
     """Text of every output that is an error (a traceback or `SomethingError: ...` on stderr)."""
     return page.evaluate(ERRORS_JS, NOTEBOOK)
+
+
+def code_cell(page, starting_with):
+    """The code cell of the notebook on screen whose source starts with the given text."""
+    editor = page.locator(".cm-content", has_text=re.compile("^" + re.escape(starting_with)))
+    return page.locator(f"{NOTEBOOK} .jp-CodeCell").filter(has=editor)
+
+
+def run_menu(page, item):
+    """Run > item, through the menu bar as a person would (item: the label, e.g. "Run All Cells")."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile("^" + re.escape(item) + "$")).click()

@@ -15,6 +15,7 @@ text ends with "(optional)" and runs to the next heading of the same or a higher
 code cell inside it is optional too. Lines inside ``` fences are not headings. tests/test_study_time.py holds
 INSTRUCTORS.md and the README to these numbers, and every chapter's main path to MAIN_PATH_MAX_WORDS.
 """
+import functools
 import json
 import pathlib
 import re
@@ -86,6 +87,11 @@ def count(path):
     """Counts of the notebook at path (relative to the repository or absolute): main path and optional apart."""
     path = pathlib.Path(path)
     path = (path if path.is_absolute() else ROOT / path).resolve()
+    return _count(path, path.stat().st_mtime_ns)  # read once per version of the file: the tables ask many times
+
+
+@functools.lru_cache(maxsize=None)
+def _count(path, _mtime_ns):
     rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
     counts = Counts(rel)
     optional_level = None  # the level of the optional section we are in, if any

@@ -22,10 +22,16 @@ How `launch` runs ranks, and why:
   a worker exits when its pipe to the kernel closes.
 - NCCL when each rank can have a GPU of its own, Gloo otherwise (helpers.backend).
 """
-from helpers.errors import CollectiveHang, CollectiveMismatch, LaunchError, RankFailed
+# First, before anything here imports torch: in a Jupyter kernel, the ranks' forkserver starts now and imports
+# torch on the other core while this process does (a lab's first check 3.3 -> 1.x s, tests/bench_first_check.py).
+from helpers.launcher import forkserver as _forkserver
+
+_forkserver.start_in_kernel()
+
+from helpers.errors import CollectiveHang, CollectiveMismatch, LaunchError, RankFailed  # noqa: E402
 
 # Eager on purpose: a lazy `launch` would be shadowed by the submodule helpers.launch once imported.
-from helpers.launch import launch
+from helpers.launch import launch  # noqa: E402
 
 __all__ = ["launch", "LaunchError", "RankFailed", "CollectiveHang", "CollectiveMismatch", "load_ipython_extension"]
 

@@ -13,11 +13,7 @@ import multiprocessing
 import multiprocessing.process
 import multiprocessing.util
 import os
-import shutil
-import signal
 import sys
-import tempfile
-import threading
 
 import cloudpickle
 import torch.distributed as dist
@@ -44,7 +40,7 @@ class Runtime:
         # 3-4 s in every fresh rank (measured: a 3-rank DDP step 4.3 s -> 0.2 s with the preload).
         # DP_COURSE_PRELOAD_DYNAMO=0 skips it where no rank needs it: the grader, for a lab without DDP or
         # an optimizer, saves 1.3 s of CPU per student (lab 03: 7.7 -> 6.1 s).
-        self.preload = preload_modules()
+        self.preload = forkserver.preload_modules()
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
         self.calls = itertools.count()
 
@@ -60,16 +56,7 @@ class Runtime:
                 "collective_log": os.environ.get("DP_COURSE_COLLECTIVE_LOG", "")}
 
 
-def preload_modules():
-    """What the forkserver imports before it forks a rank (see Runtime).
-
-    DP_COURSE_PRELOAD="mod,mod": modules every rank would otherwise import itself (the test suite names the labs'
-    checks: tests/warm_kernels.py RANK_IMPORTS)."""
-    dynamo = ["torch._dynamo"] if os.environ.get("DP_COURSE_PRELOAD_DYNAMO", "1") != "0" else []
-    extra = [name for name in os.environ.get("DP_COURSE_PRELOAD", "").split(",") if name]
-    # Last: from its 16th fork on, the forkserver's memory is in huge pages, so each fork of a rank copies ~95
-    # page-table entries instead of ~48,000 (helpers/launcher/hugepages.py has the measurements).
-    return ["helpers.launcher.worker", *dynamo, *extra, "helpers.launcher.hugepages"]
+preload_modules = forkserver.preload_modules  # the tests' kernels name it here
 
 
 def start_forkserver_by_fork():
@@ -77,7 +64,7 @@ def start_forkserver_by_fork():
     helpers.launcher.forkserver.start_by_fork); False where it cannot, and launch() then starts one the usual way."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
-    _short_socket_dir()
+    forkserver.short_socket_dir()
     return forkserver.start_by_fork(preload_modules())
 
 
@@ -92,38 +79,10 @@ def runtime():
     return _runtime
 
 
-# The forkserver listens on an AF_UNIX socket in multiprocessing's temp dir, and such paths hold at most
-# 107 bytes (103 on macOS): a long TMPDIR (macOS's /var/folders/..., a grading sandbox, pytest's tmp_path)
-# fails with "AF_UNIX path too long". Above this length we move that temp dir to /tmp.
-_MAX_SOCKET_DIR = 70
-
-
-def _short_socket_dir():
-    """Keep multiprocessing's temp dir short enough for the forkserver's socket path."""
-    if len(multiprocessing.util.get_temp_dir()) <= _MAX_SOCKET_DIR or not os.access("/tmp", os.W_OK):
-        return
-    short = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
-    multiprocessing.util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
-    # multiprocessing keeps no public setter: get_temp_dir() reads this, and ensure_running() calls it.
-    multiprocessing.process.current_process()._config["tempdir"] = short
-
-
 def warm_up():
     """Start the forkserver (if it is not running), so that launches do not pay for importing torch."""
     require_forkserver()
-    runtime()
-    _short_socket_dir()
-    preload = runtime().preload
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running(preload)
-        return
-    # The forkserver ignores SIGINT only once its preload finished; an interrupt during those seconds
-    # (Jupyter signals the kernel's whole process group) would kill it. SIG_IGN survives exec.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running(preload)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    forkserver.start(runtime().preload)
 
 
 def require_forkserver():

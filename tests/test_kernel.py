@@ -71,6 +71,21 @@ def descendants(pid):
     return found
 
 
+def test_import_starts_the_forkserver_before_torch(kernel):
+    """`import helpers` in a kernel starts the ranks' forkserver first: its module imports no torch, so the
+    forkserver imports torch on the other core while the kernel does (tests/bench_first_check.py times it)."""
+    _, client = kernel
+    # An import hook notes whether the forkserver runs when this kernel first imports torch.
+    cell = ("import sys, multiprocessing.forkserver as mpf\nclass Spy:\n    seen = None\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch' and Spy.seen is None:\n"
+            "            Spy.seen = mpf._forkserver._forkserver_pid is not None\n"
+            "sys.meta_path.insert(0, Spy())\nprint('torch' in sys.modules)\nimport helpers\nprint(Spy.seen)")
+    status, out, err, error = execute(client, cell)
+    assert status == "ok", (out, err, error)
+    assert out.split() == ["False", "True"], f"torch imported before helpers, forkserver up at torch's import: {out}"
+
+
 def test_ranks_cell_in_kernel(kernel):
     _, client = kernel
     status, out, err, error = execute(client, "%load_ext helpers")

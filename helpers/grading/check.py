@@ -11,7 +11,7 @@ import json
 from helpers.errors import LaunchError, RankFailed
 from helpers.grading.registry import checks_for
 from helpers.grading.shared_run import RunFailed
-from helpers.launcher.run_status import in_kernel
+from helpers.launcher.forkserver import in_kernel
 from helpers.launcher.traceback_text import wrap_report
 
 # The executed notebook keeps this mimetype's JSON, so CI reads results, not printed text.

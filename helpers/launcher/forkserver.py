@@ -13,14 +13,18 @@ import importlib
 import inspect
 import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.process
 import multiprocessing.resource_tracker
 import multiprocessing.spawn
 import multiprocessing.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 
 from helpers.launcher import hugepages
 
@@ -31,6 +35,68 @@ def _server():
     if server is None or not all(hasattr(server, a) for a in ("_forkserver_pid", "_preload_modules", "_stop")):
         return None  # private API gone (tests/test_forkserver.py fails first): run with whatever preload it has
     return server
+
+
+def preload_modules():
+    """What the forkserver imports before it forks a rank (see Runtime).
+
+    DP_COURSE_PRELOAD="mod,mod": modules every rank would otherwise import itself (the test suite names the labs'
+    checks: tests/warm_kernels.py RANK_IMPORTS)."""
+    dynamo = ["torch._dynamo"] if os.environ.get("DP_COURSE_PRELOAD_DYNAMO", "1") != "0" else []
+    extra = [name for name in os.environ.get("DP_COURSE_PRELOAD", "").split(",") if name]
+    # Last: from its 16th fork on, the forkserver's memory is in huge pages, so each fork of a rank copies ~95
+    # page-table entries instead of ~48,000 (helpers/launcher/hugepages.py has the measurements).
+    return ["helpers.launcher.worker", *dynamo, *extra, "helpers.launcher.hugepages"]
+
+
+# The forkserver listens on an AF_UNIX socket in multiprocessing's temp dir, and such paths hold at most
+# 107 bytes (103 on macOS): a long TMPDIR (macOS's /var/folders/..., a grading sandbox, pytest's tmp_path)
+# fails with "AF_UNIX path too long". Above this length we move that temp dir to /tmp.
+_MAX_SOCKET_DIR = 70
+
+
+def short_socket_dir():
+    """Keep multiprocessing's temp dir short enough for the forkserver's socket path."""
+    if len(multiprocessing.util.get_temp_dir()) <= _MAX_SOCKET_DIR or not os.access("/tmp", os.W_OK):
+        return
+    short = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
+    # multiprocessing keeps no public setter: get_temp_dir() reads this, and ensure_running() calls it.
+    multiprocessing.process.current_process()._config["tempdir"] = short
+
+
+def start(preload):
+    """Start the forkserver with `preload` unless it runs with it already (warm_up, start_in_kernel)."""
+    short_socket_dir()
+    if threading.current_thread() is not threading.main_thread():
+        ensure_running(preload)
+        return
+    # The forkserver ignores SIGINT only once its preload finished; an interrupt during those seconds
+    # (Jupyter signals the kernel's whole process group) would kill it. SIG_IGN survives exec.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ensure_running(preload)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def start_in_kernel():
+    """In a Jupyter kernel, start the forkserver now, in the background, before this process imports torch.
+
+    `import helpers` calls it first thing: the forkserver's own imports (torch, torch._dynamo: 3-4 s of CPU) then
+    run on the other core while the kernel imports torch, and while the student reads, instead of after it.
+    Scripts, tests and the grader's host process start it at their first launch (a TODO's checks launch none).
+    """
+    if in_kernel() and "forkserver" in multiprocessing.get_all_start_methods():
+        start(preload_modules())
+
+
+def in_kernel():
+    """True inside a Jupyter kernel (IPython with a kernel attached); never imports IPython itself."""
+    ipython = sys.modules.get("IPython")
+    if "ipykernel" not in sys.modules or not hasattr(ipython, "get_ipython"):
+        return False
+    return getattr(ipython.get_ipython(), "kernel", None) is not None
 
 
 def ensure_running(preload):

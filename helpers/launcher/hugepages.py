@@ -6,7 +6,7 @@ copies their ~48,000 page-table entries, and each rank's exit frees them again (
 MADV_COLLAPSE, 6.1 and later) is ~95 entries: 2.4 ms and 6 ms. The collapse costs ~0.4 s of CPU once, repaid after
 about 16 forks; make test forks ~2,000 ranks.
 
-The launcher lists this module last in the forkserver's preload (helpers.launch.preload_modules). Importing it
+The launcher lists this module last in the forkserver's preload (forkserver.preload_modules). Importing it
 registers a fork handler: the importing process collapses its memory just before its COLLAPSE_AT_FORK-th fork
 (helpers.launcher.forkserver moves the count to the forkserver it forks, count_forks_here), so a kernel
 that launches a few ranks (a graded one, most of make test's 40) never pays the 0.4 s, and one that launches many

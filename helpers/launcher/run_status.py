@@ -3,23 +3,15 @@
 Shown only in a Jupyter kernel, and only once a run has taken longer than `after_s`: fast runs and plain
 scripts print nothing extra. The line is one display output, updated in place and emptied at the end.
 """
-import sys
 import time
 
+from helpers.launcher.forkserver import in_kernel
 from helpers.launcher.hang import COLLECTIVES
 
 # A run shorter than this needs no progress line (seconds).
 SHOW_AFTER_S = 2.0
 # Refresh the line at most this often (seconds): each update is a message to the front end.
 _REFRESH_S = 0.5
-
-
-def in_kernel():
-    """True inside a Jupyter kernel (IPython with a kernel attached); never imports IPython itself."""
-    ipython = sys.modules.get("IPython")
-    if "ipykernel" not in sys.modules or not hasattr(ipython, "get_ipython"):
-        return False
-    return getattr(ipython.get_ipython(), "kernel", None) is not None
 
 
 def _ranks(ranks):

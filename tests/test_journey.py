@@ -169,6 +169,9 @@ def test_journey_from_make_lab_to_a_saved_answer(made_lab, page):
     from playwright.sync_api import expect
 
     cell_id, answer, answered = solution_answer(QUESTION)
+    first_line = answered.splitlines()[0]  # "def shard_indices(...":  how the page's cell is found
+    code_ids = [c.id for c in nbformat.read(ROOT / LAB, as_version=4).cells if c.cell_type == "code"]
+    code_cells_above = code_ids.index(cell_id)
     check_text = re.compile(rf"{re.escape(QUESTION)}: (\d+)/\1 public checks passed")
     try:
         # The printed URL opens chapter 00, and its kernel connects.
@@ -196,15 +199,16 @@ def test_journey_from_make_lab_to_a_saved_answer(made_lab, page):
         # A double click opens lab 03; its kernel connects.
         open_notebook(page, pathlib.Path(LAB).name)
         assert urllib.parse.urlsplit(page.url).path == f"/lab/tree/{LAB}", page.url
-        todo = code_cell(page, "def shard_indices(")
+        todo = code_cell(page, first_line)
         expect(todo).to_have_count(1)
         expect(todo).to_contain_text(f'raise NotImplementedError("lab {QUESTION}")')
 
-        # The cells 3.1 needs (install, parameters, imports, the example): Run > Run All Above Selected Cell.
+        # The cells 3.1 needs (install, parameters, imports, an example): Run > Run All Above Selected Cell. They
+        # run in order; the last one's count ends the wait.
         todo.locator(".jp-InputPrompt").click()
         run_menu(page, "Run All Above Selected Cell")
-        example = code_cell(page, "for drop_last in (False, True):")
-        expect(example.locator(".jp-InputPrompt")).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=CELL_TIMEOUT_MS)
+        above = page.locator(f"{NOTEBOOK} .jp-CodeCell").nth(code_cells_above - 1)
+        expect(above.locator(".jp-InputPrompt")).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=CELL_TIMEOUT_MS)
         assert error_texts(page) == [], "a cell above 3.1 failed (the kernel could not import helpers?)"
 
         # Type the answer over the TODO: select its two lines (the end of the cell), insert the solution's code.
@@ -238,7 +242,7 @@ def test_journey_from_make_lab_to_a_saved_answer(made_lab, page):
 
         # After a reload, the page shows the saved answer and the check's saved output.
         page.reload()
-        todo = code_cell(page, "def shard_indices(")
+        todo = code_cell(page, first_line)
         expect(todo).to_contain_text(answer.strip().splitlines()[-1].strip(), timeout=60_000)
         expect(todo).not_to_contain_text("NotImplementedError")
         check = code_cell(page, f'check("{QUESTION}", globals())')

@@ -242,7 +242,7 @@ def colab_cell_module(root):
 
 
 def name_repo(shipped, repo, root):
-    """Write repo into the shipped install cells, scripts/colab_cell.py and the README; the notebooks it wrote."""
+    """Write repo into the shipped install cells, scripts/colab_cell.py and the docs; the notebooks it wrote."""
     colab = colab_cell_module(root)
     script = "scripts/colab_cell.py"
     line = f'COURSE_REPO = "{repo}"  # written by make release: the address this repository is published at'

@@ -16,11 +16,13 @@ DistributedDataParallel), fsdp2 (torch fully_shard), or all four in turn. torchr
 LOCAL_RANK, MASTER_ADDR and MASTER_PORT; we pick NCCL when CUDA is available, Gloo otherwise. Rank 0 prints
 a progress line every --log-every steps; every rank prints the sha256 of the final full parameters (equal on
 every rank, or data parallelism is broken); rank 0 ends with a table: loss, tokens/s, bytes, memory.
-chapters/10_capstone_gpt.ipynb runs `train` on every rank through helpers.launch instead of torchrun.
+chapters/10_capstone_gpt.ipynb runs `train` on every rank through helpers.launch, and this script under torchrun
+(its section 11). --warmup and --decay-to give nanoGPT's learning-rate schedule (the chapter's section 10).
 """
 import argparse
 import dataclasses
 import hashlib
+import math
 import os
 import pathlib
 import sys
@@ -58,6 +60,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     log_every: int = 5
+    warmup: int = 0           # steps of linear learning-rate warmup (0: none)
+    decay_to: float = 1.0     # cosine decay of the learning rate to lr x decay_to at the last step (1.0: constant)
+    keep_every: int = 0       # also return the full parameters after every keep_every steps (0: only the final)
 
 
 def build(cfg, strategy, vocab_size, device):
@@ -82,6 +87,14 @@ def build(cfg, strategy, vocab_size, device):
             fully_shard(block, mesh=mesh)
         return fully_shard(gpt, mesh=mesh)
     raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
+
+
+def learning_rate(cfg, step):
+    """nanoGPT's schedule: linear warmup over cfg.warmup steps, then a cosine from cfg.lr to cfg.lr x cfg.decay_to."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - 1 - cfg.warmup)       # 0 -> 1 over the rest of the run
+    return cfg.lr * (cfg.decay_to + (1 - cfg.decay_to) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def train_step(model, strategy, x, y, optimizer, grad_clip):
@@ -110,6 +123,11 @@ def full_parameters(model, strategy):
     return {n: p.detach().cpu() for n, p in params.items()}
 
 
+def flat_parameters(model, strategy):
+    """Every parameter, gathered if sharded, as one flat CPU vector in the GPT's order (vector_to_parameters)."""
+    return torch.cat([p.reshape(-1) for p in full_parameters(model, strategy).values()])
+
+
 def say(text):
     """Print a line in ONE write: the ranks share torchrun's stdout, and split writes interleave."""
     sys.stdout.write(text + "\n")
@@ -123,14 +141,23 @@ def progress(strategy, step, steps, loss):
 
 
 def train(cfg, strategy, corpus=None):
-    """Run on every rank: train `cfg.steps` steps; return losses, speed, bytes, memory and final parameters."""
+    """Run on every rank: train `cfg.steps` steps; return losses, speed, bytes, memory and final parameters.
+
+    corpus: (tokenizer, character ids to train on), the whole corpus by default. With cfg.keep_every, "kept" holds
+    {step: every parameter after `step` steps, flat} at 0, keep_every, 2 keep_every, ... and cfg.steps.
+    """
     rank, world_size, device = dist.get_rank(), dist.get_world_size(), rank_device()
-    _, data = corpus if corpus is not None else load_corpus()
+    tokenizer, data = corpus if corpus is not None else load_corpus()   # (tokenizer, the ids to train on)
     with CommLedger() as setup:
-        model = build(cfg, strategy, int(data.max()) + 1, device)
+        model = build(cfg, strategy, tokenizer.vocab_size, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    losses, comm, seconds = [], [], []
+    losses, comm, seconds, kept = [], [], [], {}
+    cpu_start = time.process_time()
     for step in range(cfg.steps):
+        if cfg.keep_every and step % cfg.keep_every == 0:   # the parameters that step `step` starts from
+            kept[step] = flat_parameters(model, strategy)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, step)
         x, y = (t.to(device) for t in get_batch(data, rank, world_size, step, cfg.batch_size, cfg.block_size, cfg.seed))
         start = time.perf_counter()
         with CommLedger() as ledger:
@@ -146,13 +173,15 @@ def train(cfg, strategy, corpus=None):
     losses, seconds = torch.stack(losses), torch.tensor(seconds[1:] or seconds, device=device)
     dist.all_reduce(losses)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    params = full_parameters(model, strategy)
-    flat = torch.cat([p.reshape(-1) for p in params.values()])
+    cpu_seconds = time.process_time() - cpu_start
+    flat = flat_parameters(model, strategy)
+    kept[cfg.steps] = flat
     return {"strategy": strategy, "losses": (losses / world_size).tolist(), "num_params": flat.numel(),
             "tokens_per_s": world_size * cfg.batch_size * cfg.block_size / seconds.median().item(),
             "comm_setup": setup.totals(), "comm": comm,
             "state": state_bytes(model.module if strategy == "ddp" else model, optimizer),
-            "sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16], "params": flat}
+            "sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16], "params": flat,
+            "kept": kept if cfg.keep_every else {}, "cpu_seconds": cpu_seconds}
 
 
 def summary_table(results):
@@ -201,9 +230,9 @@ if __name__ == "__main__":
     main()
     # torch 2.13: once torch._dynamo is imported (optimizer.step imports it) the Gloo group outlives
     # destroy_process_group, and its threads race the interpreter's teardown. Measured here: 4 of 95 runs of
-    # tests/test_capstone_torchrun.py's command on 2 cores (more often when busy) ended in SIGABRT ("terminate
-    # called without an active exception") after every line was printed. All is said and the group is destroyed: leave
-    # without the teardown.
+    # `torchrun --nproc-per-node=2 train_gpt.py --strategy all` (a tiny model) on 2 cores (more often when busy) ended
+    # in SIGABRT ("terminate called without an active exception") after every line was printed. All is said and the
+    # group is destroyed: leave without the teardown.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

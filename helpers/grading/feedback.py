@@ -55,6 +55,8 @@ def feedback_markdown(result, questions, points, by_hand=()):
         marks = result["marks"].get(question, [])
         earned = sum(m["earned"] for m in marks)
         lines.append(f"## Question {question}: {earned:g} / {points[question]:g}")
+        if result.get("composition", {}).get(question):  # graded with the solution's earlier answers (reference.py)
+            lines.append(f"- {result['composition'][question]}")
         if question in result.get("missing", []):
             lines.append("- your answer cell for this question was not found; the released lab's cell was used")
         outside = result.get("outside", {}).get(question)

@@ -27,7 +27,7 @@ TEMPLATE = '''\
 # Colab, or a Jupyter without the course: this cell clones the course, installs it with
 # `pip install -e` (a few minutes: PyTorch is large) and moves into the clone's {folder}/ folder.
 # If Colab then asks to restart the session, do so and run this cell again.
-# Where `helpers` already imports (make lab, JupyterHub, the grader), it does nothing.
+# Where `helpers` already imports (make lab, JupyterHub, the grader), it only imports it.
 COURSE_REPO = "{repo}"  # the course's public repository; empty in a copy that was never published
 import importlib.util
 if importlib.util.find_spec("helpers") is None:
@@ -41,7 +41,9 @@ if importlib.util.find_spec("helpers") is None:
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-e", course], check=True)
     sys.path.insert(0, course)  # the editable install is seen by new kernels; this one needs the path now
     os.chdir(os.path.join(course, "{folder}"))
-    print(f"installed the course from {{COURSE_REPO}} into {{course}}; working in {{os.getcwd()}}")'''
+    print(f"installed the course from {{COURSE_REPO}} into {{course}}; working in {{os.getcwd()}}")
+else:
+    import helpers  # in Jupyter, this starts the process that forks the ranks, in the background, while you read'''
 
 # A lab's notebook is generated from solutions/ but opened from labs/ (the student release has no solutions/).
 WORKING_FOLDER = {"chapters": "chapters", "solutions": "labs", "labs": "labs"}

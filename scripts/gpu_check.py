@@ -247,7 +247,7 @@ def main(argv=None):
         results.append(run_notebook(path, gpus, out, rehearsal))
         print(f"{results[-1].name}: {'pass' if results[-1].passed else 'FAIL'} ({results[-1].seconds:.1f} s)",
               flush=True)
-    if not (options.no_capstone or rehearsal):  # tests/test_capstone_torchrun.py runs it on the CPU
+    if not (options.no_capstone or rehearsal):  # chapter 10, section 11 runs it on the CPU
         results.append(run_capstone(gpus))
         print(f"{results[-1].name}: {'pass' if results[-1].passed else 'FAIL'}", flush=True)
     info = machine()

@@ -27,7 +27,7 @@ import time
 
 import nbformat
 
-from helpers.grading import cgroup, gradebook, similarity_report, submissions
+from helpers.grading import cgroup, gradebook, returns, similarity_report, submissions
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
 from helpers.grading.execute import Limits
@@ -188,6 +188,7 @@ def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, la
     run_class(task, [(s, p) for s, p in todo if s in paths], jobs, student_limit(released, limits), ctx)
     results = load_results(out, sorted({**paths, **refused}))
     write_outputs(out, probes, results, probe_files.load_manual(lab, probes_dir))
+    returns.write_all(out, results, lab_notebook(labs_dir or ROOT / "labs", lab).name)  # OUT/return/<student>/
     _write_similarity(out, lab, released, {**paths, **refused_paths(submissions_dir, refused)})
     return results
 

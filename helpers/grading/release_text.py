@@ -95,5 +95,5 @@ def manifest(shipped, out, coverage, allowed_findings, source, repo=None):
               "| file | question | kept | replaced |", "|---|---|---|---|"]
     closest = sorted(coverage.items(), key=lambda item: -max(item[1]))
     lines += [f"| `{p}` | {q} | {a:.0%} | {b:.0%} |" for (p, q), (a, b) in closest if max(a, b) >= 0.3]
-    lines.append("\nTests left out cannot run here; `make test` runs the others, every chapter and student lab included.")
+    lines.append("\nTests left out cannot run here; `make test` runs the others, every chapter and student lab too.")
     return "\n".join(lines) + "\n"

@@ -47,20 +47,23 @@ def question_seed(seed, question):
     return int.from_bytes(hashlib.sha256(f"{seed}/{question}".encode()).digest()[:4], "big") % 2**31
 
 
-def probe_source(question, setup, probes, nonce, seed):
-    """Code of a probe cell: evaluate each probe expression in the notebook's namespace."""
+def probe_source(question, setup, probes, nonce, seed, reference=None):
+    """Code of a probe cell: evaluate each probe expression in the notebook's namespace (with the solution's versions
+    of the earlier answers it calls bound, when reference is given: helpers/grading/reference.py)."""
     calls = [(p.name, p.expr) for p in probes]
+    more = f", {reference!r}" if reference else ""
     return (
         "from helpers.grading.probe_runtime import run_probes as _probe_run\n"
-        f"_probe_run({question!r}, {setup!r}, {calls!r}, {nonce!r}, {question_seed(seed, question)!r})\n"
+        f"_probe_run({question!r}, {setup!r}, {calls!r}, {nonce!r}, {question_seed(seed, question)!r}{more})\n"
     )
 
 
-def assemble(released, submission, setup, probes, seed):
+def assemble(released, submission, setup, probes, seed, references=None):
     """(graded notebook, {question: nonce}, [questions whose answer cell was not found]).
 
     seed: the grading run's secret probe seed (an int); each probe cell carries only its own question's seed,
-    question_seed(seed, question), from which that question's probe inputs derive."""
+    question_seed(seed, question), from which that question's probe inputs derive.
+    references: {question: reference} of the questions whose probes call earlier answers (reference.references)."""
     graded = nbformat.v4.new_notebook(metadata=released.metadata)
     nonces, missing = {}, []
     # A question may span several answer cells (two functions): probe it once, after its last one.
@@ -82,7 +85,8 @@ def assemble(released, submission, setup, probes, seed):
             mine = [p for p in probes if p.question == question]
             if mine:
                 nonces[question] = secrets.token_hex(8)
-                probe = nbformat.v4.new_code_cell(probe_source(question, setup, mine, nonces[question], seed))
+                probe = nbformat.v4.new_code_cell(probe_source(question, setup, mine, nonces[question], seed,
+                                                               (references or {}).get(question)))
                 probe.metadata["dp_course_kind"] = "probe"
                 probe.metadata["dp_course_question"] = question
                 graded.cells.append(probe)
@@ -93,7 +97,8 @@ FORGED = "the probe cell showed a result that was not the probe's: an answer dis
 
 
 def probe_values(graded, question, nonce):
-    """{probe name: {"value"| "error": ...}} displayed by the probe cell of question, if any.
+    """{probe name: {"value"| "error": ...}} displayed by the probe cell of question, if any; with "own": {"value"|
+    "error": ...} too where the probes ran again with the student's own earlier answers (reference.py).
 
     The probe cell displays one result. Code run in that cell (an answer called by a probe, an IPython hook) can
     read its source, nonce included, and display a result of its own first: then the question gets nothing but
@@ -117,9 +122,17 @@ def _results(data):
         return None, None, {}
     # Only the value or the error: a "grader" key (the grader's own reason, not quoted in the feedback) is not the
     # kernel's to send.
-    results = {r["name"]: {k: r[k] for k in ("value", "error") if k in r} for r in data["results"]
-               if isinstance(r, dict) and isinstance(r.get("name"), str) and ("value" in r or "error" in r)}
+    results = _named(data["results"])
+    own = _named(data["own"]) if isinstance(data.get("own"), list) else {}
+    for name, result in own.items():
+        if name in results:
+            results[name]["own"] = result
     return data.get("question"), data.get("nonce"), results
+
+
+def _named(rows):
+    return {r["name"]: {k: r[k] for k in ("value", "error") if k in r} for r in rows
+            if isinstance(r, dict) and isinstance(r.get("name"), str) and ("value" in r or "error" in r)}
 
 
 def answer_sources(graded):

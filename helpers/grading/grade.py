@@ -27,7 +27,7 @@ import time
 
 import nbformat
 
-from helpers.grading import cgroup, gradebook, returns, similarity_report, submissions
+from helpers.grading import cgroup, gradebook, reference, returns, similarity_report, submissions
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
 from helpers.grading.execute import Limits
@@ -60,13 +60,13 @@ def lab_notebook(directory, lab):
     return found[0]
 
 
-def expected_values(released, solution, setup, probes, seed, limits):
+def expected_values(released, solution, setup, probes, seed, limits, references=None):
     """The solution's probe values for this seed; every probe must succeed on it."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="grade-solution-") as workdir:
         pathlib.Path(workdir).chmod(0o755)
-        _, execution, values, missing = run_one(released, solution, setup, probes, seed, workdir, limits)
+        _, execution, values, missing = run_one(released, solution, setup, probes, seed, workdir, limits, references)
     failed = [p.name for p in probes if "value" not in values.get(p.question, {}).get(p.name, {})]
     if missing or failed:
         raise GradingError(f"the solution does not pass its own probes ({missing or failed}; status "
@@ -176,12 +176,15 @@ def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, la
     fingerprint = run_state.fingerprint(lab_notebook(labs_dir or ROOT / "labs", lab), solution_path, probe_file)
     state = run_state.load_or_start(out, lab, fingerprint, fresh=not (resume or only))
     ctx = _context()
+    solution = nbformat.read(solution_path, as_version=4)
+    # One mistake, one question: the earlier answers a question's probes call are the solution's (reference.py).
+    references = reference.references(solution, probe_files.load_uses(lab, probes_dir))
     expected = state.get("expected")
     if expected is None:
-        solution = nbformat.read(solution_path, as_version=4)
-        expected = expected_values(released, solution, setup, probes, state["seed"], limits)
+        expected = expected_values(released, solution, setup, probes, state["seed"], limits, references)
         run_state.save(out, {**state, "expected": expected})
-    task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(out), limits)
+    task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(out), limits,
+                references)
     paths, refused = submissions.listing(submissions_dir)
     todo = _to_grade(out, {**paths, **refused}, resume, only)
     refuse(out, lab, probes_dir, {s: refused[s] for s, _ in todo if s in refused})

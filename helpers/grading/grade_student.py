@@ -20,6 +20,7 @@ from helpers.grading.assemble import answer_sources, assemble, probe_values
 from helpers.grading.execute import execute
 from helpers.grading.probe_runtime import MESSAGE_CHARS
 from helpers.grading.probes.shortcuts import unreadable
+from helpers.grading.reference import composition_notes, leaked_lines
 from helpers.grading.scope import outside_names
 from helpers.grading.submissions import SubmissionError, read_notebook
 
@@ -35,37 +36,48 @@ class Task:
     seed: int
     out: str
     limits: object
+    references: dict = None  # {question: the solution's earlier answers its probes call} (reference.py)
 
 
-def run_one(released, submission, setup, probes, seed, workdir, limits):
+def run_one(released, submission, setup, probes, seed, workdir, limits, references=None):
     """Execute one submission; return (executed notebook, Execution, {question: probe values}, missing)."""
-    graded, nonces, missing = assemble(released, submission, setup, probes, seed)
+    graded, nonces, missing = assemble(released, submission, setup, probes, seed, references)
     execution = execute(graded, workdir, limits)
     values = {q: probe_values(graded, q, nonce) for q, nonce in nonces.items()}
     return graded, execution, values, missing
 
 
-def score(probes, expected, values, sources, seed):
-    """{question: [mark dict]} for each probe: its name, points, points earned and why."""
+# A quoted failure that holds a line of the probes' SETUP or of a reference's source (an answer that read the probe
+# cell and raised it) is not shown: that code is the instructor's (reference.leaked_lines).
+GRADER_CODE = "the error message quoted the grader's own code, so it is not shown: raise your own messages"
+
+
+def score(probes, expected, values, sources, seed, secrets=()):
+    """{question: [mark dict]} for each probe: its name, points, points earned and why.
+
+    secrets: texts no quoted message may hold (the SETUP, the references' sources)."""
     marks = {}
     for probe in probes:
         got = values.get(probe.question, {}).get(probe.name)
         unread = unreadable(sources.get(probe.question, ""))
+        mark = {"name": probe.name, "points": probe.points, "earned": 0.0}
         if unread:  # said first: a probe's own error would hide why
-            earned, message = 0.0, unread
+            mark["message"] = unread
         elif got is None:
-            earned, message = 0.0, "did not run (an earlier cell failed, timed out or killed the kernel)"
+            mark["message"] = "did not run (an earlier cell failed, timed out or killed the kernel)"
         elif "error" in got:  # the student's own text (an exception's name and message): quoted in the feedback
-            earned, message = 0.0, str(got["error"])[:MESSAGE_CHARS]
-            marks.setdefault(probe.question, []).append({"name": probe.name, "points": probe.points, "earned": earned,
-                                                         "message": message, "quoted": not got.get("grader")})
-            continue
+            mark.update(message=str(got["error"])[:MESSAGE_CHARS], quoted=not got.get("grader"))
+            if mark["quoted"] and leaked_lines(mark["message"], *secrets):
+                mark.update(message=GRADER_CODE, quoted=False)
         else:
-            ok, message = probe.grade(expected[probe.question][probe.name]["value"], got["value"],
-                                      answer_source=sources.get(probe.question, ""), seed=seed)
-            earned = probe.points if ok else 0.0
-        marks.setdefault(probe.question, []).append(
-            {"name": probe.name, "points": probe.points, "earned": earned, "message": message})
+            ok, mark["message"] = probe.grade(expected[probe.question][probe.name]["value"], got["value"],
+                                              answer_source=sources.get(probe.question, ""), seed=seed)
+            mark["earned"] = probe.points if ok else 0.0
+        if got is not None and "own" in got:  # the probes ran again with the student's own earlier answers (info)
+            mark["own"] = "value" in got["own"] and probe.grade(
+                expected[probe.question][probe.name]["value"], got["own"]["value"],
+                answer_source=sources.get(probe.question, ""), seed=seed)[0]
+        marks.setdefault(probe.question, []).append(mark)
     return marks
 
 
@@ -116,11 +128,13 @@ def _graded(task, student, submission, setup, probes):
     with tempfile.TemporaryDirectory(prefix="grade-") as workdir:  # short: unix socket paths live in it
         os.chmod(workdir, 0o755)
         graded, execution, values, missing = run_one(task.released, submission, setup, probes, task.seed,
-                                                     workdir, limits)
-    marks = score(probes, task.expected, values, answer_sources(graded), task.seed)
+                                                     workdir, limits, task.references)
+    secrets = (setup, *(r["source"] for r in (task.references or {}).values()))
+    marks = score(probes, task.expected, values, answer_sources(graded), task.seed, secrets)
+    composition = composition_notes(marks, task.references or {})
     status = "missing" if len(missing) == len({p.question for p in probes}) else execution.status
     nbformat.write(graded, pathlib.Path(task.out) / "executed" / f"{student}.ipynb")
     hand = manual.texts(task.released, submission, probe_files.load_manual(task.lab, task.probes_dir))
     return {"student": student, "marks": marks, "status": status, "missing": missing,
             "cells": execution.cells, "kernels": execution.kernels,
-            "outside": outside_names(task.released, submission), "manual": hand}
+            "outside": outside_names(task.released, submission), "manual": hand, "composition": composition}

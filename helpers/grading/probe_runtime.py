@@ -4,6 +4,7 @@ Nothing here judges: the values go back to the grader, which compares them (help
 ranks a probe calls `records(ledger)` to return the collectives it saw as raw rows.
 """
 import importlib
+import linecache
 import sys
 
 from helpers.errors import RankFailed
@@ -52,18 +53,99 @@ def _evaluate(expr, namespace):
         return {"error": f"{type(exc).__name__}: {exc}"[:MESSAGE_CHARS]}
 
 
-def run_probes(question, setup, calls, nonce, seed):
-    """Evaluate (name, expr) pairs after running setup; display the results.
+_MISSING = object()
 
-    seed: this question's secret seed, set as `_PROBE_SEED` before setup runs; the probes draw their inputs
-    from it, so a submission cannot know them in advance."""
-    restore_machinery()
-    from IPython import get_ipython
-    from IPython.display import display
 
-    namespace = get_ipython().user_ns
+def _forget_cell_text(frame):
+    """Drop the probe cell's text (its SETUP, nonce, seed and reference source) from the kernel's line cache, where
+    IPython put it for tracebacks: an answer that a probe calls could otherwise read it back through a stack summary
+    (traceback.format_stack) and raise it into its feedback."""
+    linecache.cache.pop(frame.f_code.co_filename, None)
+
+
+def _side(namespace, name):
+    value = namespace.get(name, _MISSING)
+    return None if value is _MISSING else value
+
+
+def _method_missing(cls_name, method):
+    def missing(self, *args, **kwargs):
+        raise AttributeError(f"'{cls_name}' object has no attribute '{method}': run the cell that defines it")
+    return missing
+
+
+def _hybrid(cls_name, how, mine, theirs):
+    """A subclass of the `base` side's class whose `other` methods are the other side's (reference.py, classes)."""
+    base, other = (theirs, mine) if how["base"] == "ref" else (mine, theirs)
+    if base is None:
+        return None
+    methods = {}
+    if how["base"] == "ref" and mine is not None:  # the student's own helpers (a method the lab does not name)
+        methods.update({k: v for k, v in vars(mine).items() if k not in vars(theirs) and not k.startswith("__")})
+    for method in how["other"]:
+        found = other is not None and method in vars(other)
+        methods[method] = vars(other)[method] if found else _method_missing(cls_name, method)
+    return type(base)(base.__name__, (base,), {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                                              **methods})
+
+
+def _bind(namespace, reference):
+    """Bind the reference's globals and hybrid classes into namespace; return what to put back."""
+    ref = {"__name__": "_probe_reference"}  # a module nothing imports: cloudpickle ships its functions by value
+    exec(compile(reference["source"], "<probe reference>", "exec"), ref)  # noqa: S102 - the grader's solution code
+    saved = {}
+    for name in reference["globals"]:
+        saved[name] = namespace.get(name, _MISSING)
+        namespace[name] = ref[name]
+    for cls_name, how in reference["classes"].items():
+        saved.setdefault(cls_name, namespace.get(cls_name, _MISSING))
+        hybrid = _hybrid(cls_name, how, _side(namespace, cls_name), ref.get(cls_name))
+        if hybrid is not None:
+            namespace[cls_name] = hybrid
+    return saved
+
+
+def _unbind(namespace, saved):
+    for name, value in saved.items():
+        if value is _MISSING:
+            namespace.pop(name, None)
+        else:
+            namespace[name] = value
+
+
+def evaluate(namespace, setup, calls, seed, reference=None):
+    """{"results": [...], "own": [...] (with a reference only)}: the probes evaluated in namespace (run_probes)."""
     namespace["_PROBE_SEED"] = seed
     if setup:
         exec(setup, namespace)  # noqa: S102 - instructor-written set-up code
-    results = [{"name": name, **_evaluate(expr, namespace)} for name, expr in calls]
-    display({PROBE_MIMETYPE: {"question": question, "nonce": nonce, "results": results}}, raw=True)
+    if reference is None:
+        return {"results": [{"name": name, **_evaluate(expr, namespace)} for name, expr in calls]}
+    saved = _bind(namespace, reference)
+    del reference  # nothing of its source stays within reach of the answers the probes call
+    try:
+        shown = {"results": [{"name": name, **_evaluate(expr, namespace)} for name, expr in calls]}
+    finally:
+        _unbind(namespace, saved)
+    restore_machinery()
+    if setup:
+        exec(setup, namespace)  # noqa: S102 - afresh: a probe's cache (lab 10) would hold the reference's run
+    shown["own"] = [{"name": name, **_evaluate(expr, namespace)} for name, expr in calls]
+    return shown
+
+
+def run_probes(question, setup, calls, nonce, seed, reference=None):
+    """Evaluate (name, expr) pairs after running setup; display the results.
+
+    seed: this question's secret seed, set as `_PROBE_SEED` before setup runs; the probes draw their inputs
+    from it, so a submission cannot know them in advance.
+    reference: for a question whose probes call earlier answers (helpers/grading/reference.py), the solution's
+    versions of them: the probes run with those bound in place of the student's ("results": what is scored), then
+    again with the student's own ("own": what the feedback tells)."""
+    restore_machinery()
+    _forget_cell_text(sys._getframe(1))
+    from IPython import get_ipython
+    from IPython.display import display
+
+    shown = evaluate(get_ipython().user_ns, setup, calls, seed, reference)
+    del reference
+    display({PROBE_MIMETYPE: {"question": question, "nonce": nonce, **shown}}, raw=True)

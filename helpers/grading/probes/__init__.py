@@ -16,6 +16,10 @@ The contract, and why:
   where structure is judged by a rule (bytes within 1 %, all-reduces started during backward); see judges.py.
 - A shortcut scores 0: the library function a question rebuilds (`forbidden`), or code that hides what it
   runs, found in the answer's source (shortcuts.py).
+A probe file declares `USES = {"3.4": ("3.1", "3.2", "3.3")}`: the earlier answers each question's probes call,
+directly or through other answers. Those are graded with the solution's versions bound in place of the student's,
+so one mistake costs one question; the student's own composition runs too and only informs the feedback
+(helpers/grading/reference.py, which also finds the USES the code shows; a file without USES binds nothing).
 A probe file may also declare `MANUAL = [Manual("10.4", "the report's analysis", points=6, cell="report-analysis")]`:
 parts graded by hand (a written report), whose text the grader copies out of each submission's Markdown cell of
 that id for the instructor, and whose points the instructor enters in OUT/manual.csv (helpers/grading/manual.py).
@@ -87,6 +91,11 @@ def _module(lab, directory):
 def load_manual(lab, directory=None):
     """[Manual, ...] for lab "10" from directory: the parts graded by hand (none for most labs)."""
     return list(getattr(_module(lab, directory)[0], "MANUAL", []))
+
+
+def load_uses(lab, directory=None):
+    """{question: (earlier questions its probes call)} for lab "03" from directory ({} when the file declares none)."""
+    return {q: tuple(used) for q, used in getattr(_module(lab, directory)[0], "USES", {}).items()}
 
 
 def load(lab, directory=None):

@@ -112,3 +112,8 @@ PROBES = [Probe(q, name, expr, points=points, judge=judged(*rules, skip=_SKIP, a
     ("2.5", "3 ranks, a two-layer model: the mean, with one ring_all_reduce", _launch("_probe_average", 3), 2,
      [_P2P["2.5"], _one_ring_call]),
 ]]
+
+# The earlier answers each question's probes call, directly or through other answers, graded with the
+# solution's versions bound in their place (helpers/grading/reference.py): ring_all_reduce is a reduce-scatter then an
+# all-gather; average_gradients calls ring_all_reduce.
+USES = {'2.4': ('2.2', '2.3'), '2.5': ('2.2', '2.3', '2.4')}

@@ -56,3 +56,8 @@ PROBES = [
     Probe("3.4", "3 ranks, 23 samples, 2 epochs", "_probe_launch(_probe_train, 3, hang_timeout=20)", points=3,
           forbidden=_DDP),
 ]
+
+# The earlier answers each question's probes call, directly or through other answers, graded with the
+# solution's versions bound in their place (helpers/grading/reference.py): train_manual_ddp calls shard_indices,
+# broadcast_parameters and average_gradients.
+USES = {'3.4': ('3.1', '3.2', '3.3')}

@@ -70,3 +70,6 @@ PROBES = [
           "_probe_launch(_probe_shards, 3, args=(27 + 3 * (_PROBE_SEED % 3), 4))"),
     Probe("5.3", "a batch of 11 on 2 ranks is refused", "_probe_launch(_probe_refuses, 2, args=(11,))"),
 ]
+
+# No question's probes call another question's answer (helpers/grading/reference.py).
+USES = {}

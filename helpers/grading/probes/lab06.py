@@ -65,3 +65,8 @@ PROBES = [
 # Using the course's own formulas scores 0 on the questions that rebuild it.
 _FORBIDDEN = ("helpers.theory", "helpers.theory_comm", "helpers.widgets")
 PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) if p.question in ('6.1', '6.2', '6.3') else p for p in PROBES]
+
+# The earlier answers each question's probes call, directly or through other answers, graded with the
+# solution's versions bound in their place (helpers/grading/reference.py): largest_model searches with
+# model_state_bytes.
+USES = {'6.2': ('6.1',)}

@@ -166,3 +166,8 @@ PROBES = [
 _FORBIDDEN = ("fully_shard", "FullyShardedDataParallel")
 PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) if p.question in ('8.1', '8.2', '8.3', '8.4', '8.5') else p
           for p in PROBES]
+
+# The earlier answers each question's probes call, directly or through other answers, graded with the
+# solution's versions bound in their place (helpers/grading/reference.py): 8.2-8.4 are methods of 8.1's FlatShard;
+# train_fsdp builds FlatShards, whose hooks call 8.2-8.4.
+USES = {'8.2': ('8.1',), '8.3': ('8.1',), '8.4': ('8.1',), '8.5': ('8.1', '8.2', '8.3', '8.4')}

@@ -111,3 +111,8 @@ PROBES = [
     Probe("9.3", "2 ranks, a budget for DDP",
           "_probe_launch(_probe_train, 2, args=(17 * _probe_PSI,), hang_timeout=20)", points=2),
 ]
+
+# The earlier answers each question's probes call, directly or through other answers, graded with the
+# solution's versions bound in their place (helpers/grading/reference.py): train_within_budget calls choose_strategy
+# and apply_strategy.
+USES = {'9.3': ('9.1', '9.2')}

@@ -92,3 +92,6 @@ for _q in ("10.1", "10.2", "10.3"):
 
 MANUAL = [Manual("10.4", "the report's analysis: two paragraphs on your measurements (rubric: INSTRUCTORS.md, lab 10)",
                  points=6, cell="report-analysis")]
+
+# No question's probes call another question's answer (helpers/grading/reference.py).
+USES = {}

@@ -83,8 +83,8 @@ def _hybrid(cls_name, how, mine, theirs):
     if how["base"] == "ref" and mine is not None:  # the student's own helpers (a method the lab does not name)
         methods.update({k: v for k, v in vars(mine).items() if k not in vars(theirs) and not k.startswith("__")})
     for method in how["other"]:
-        found = other is not None and method in vars(other)
-        methods[method] = vars(other)[method] if found else _method_missing(cls_name, method)
+        found = vars(other).get(method) if other is not None and method in vars(other) else getattr(other, method, None)
+        methods[method] = found if callable(found) else _method_missing(cls_name, method)
     return type(base)(base.__name__, (base,), {"__module__": base.__module__, "__qualname__": base.__qualname__,
                                               **methods})
 

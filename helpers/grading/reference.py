@@ -6,8 +6,8 @@ A probe file declares, per question, the earlier answers its probes call, direct
 For such a question the probe cell receives a reference (`for_question`), a dict of
     source    the solution's code the references need, compiled in the kernel into a namespace of their own: of the
               lab's code cells before the question's answer, the parameters cell whole, the other cells' imports,
-              functions and classes (without comments), and of the answer cells only those of the questions used
-              (never the question's own, never a later one's)
+              functions, classes and literal constants (without comments), and of the answer cells only those of
+              the questions used (never the question's own, never a later one's)
     globals   the names the used answers define, bound to the reference while the probes run
     classes   {class: {"base": "ref" or "student", "other": [method, ...]}} for a class built over several answers
               (lab 08's add_to_class): the probes see a subclass of `base` whose `other` methods come from the other
@@ -85,8 +85,20 @@ def order(solution):
     return list(dict.fromkeys(q for cell in solution.cells for q in _questions(cell)))
 
 
-def _kept(cell):
-    """The part of a cell the references need: the parameters cell whole, else imports, functions and classes."""
+def _literal(node):
+    """An assignment of a literal (`FP32_ADAM = {"k": 8, ...}`): a given constant an answer may read."""
+    if not isinstance(node, ast.Assign):
+        return False
+    try:
+        ast.literal_eval(node.value)
+    except ValueError:
+        return False
+    return True
+
+
+def kept(cell):
+    """The part of a cell the references need: the parameters cell whole, else imports, functions, classes and
+    assignments of literals (nothing that runs: no launch, no print), without comments."""
     source = _python(cell.source)
     if "parameters" in cell.get("metadata", {}).get("tags", []):
         return source
@@ -94,7 +106,7 @@ def _kept(cell):
         tree = ast.parse(source)
     except SyntaxError:
         return ""
-    return "\n\n".join(ast.unparse(node) for node in tree.body if isinstance(node, _KEEP))  # no comments
+    return "\n\n".join(ast.unparse(node) for node in tree.body if isinstance(node, _KEEP) or _literal(node))
 
 
 def for_question(solution, question, uses):
@@ -114,9 +126,9 @@ def for_question(solution, question, uses):
             break
         if cell.cell_type != "code" or (questions and not set(questions) <= set(uses)):
             continue
-        kept = _kept(cell)
-        if kept.strip():
-            source.append(kept)
+        part = kept(cell)
+        if part.strip():
+            source.append(part)
     defined = {name for q in uses for name in parts[q]["globals"]}
     classes = {}
     for q, part in parts.items():

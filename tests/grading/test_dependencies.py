@@ -1,0 +1,127 @@
+"""One mistake, one question: the earlier answers each question's probes call are declared (USES in every probe file),
+the declaration is what the code really calls, and the probes run with the solution's versions bound there.
+
+The declaration is read against the code (reference.computed_uses: the probe expressions, the SETUP functions they
+call, the solution's answers and given code they reach). The binding is proven by poison: every answer a question uses
+is replaced by code that raises, and the question's probes still give the solution's values (the scored run), while
+the run with the student's own answers fails (the one that only informs). Lab 03 and lab 10 go through the whole
+sandboxed grader in tests/grading/test_self_grade.py.
+"""
+import ast
+
+import nbformat
+import pytest
+
+from helpers.grading import probes as probe_files
+from helpers.grading import reference
+from helpers.grading.assemble import question_seed
+from helpers.grading.labgen import ROOT
+from helpers.grading.probe_runtime import evaluate
+from tests import lab_solution
+
+LABS = [f"{n:02d}" for n in range(1, 12)]
+
+
+def _solution(lab):
+    return nbformat.read(_solution_path(lab), as_version=4)
+
+
+def _solution_path(lab):
+    return next((ROOT / "solutions").glob(f"{lab}_*.ipynb"))
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_declared_uses_are_what_the_probes_call(lab):
+    setup, probes = probe_files.load(lab)
+    computed = {q: u for q, u in reference.computed_uses(_solution(lab), setup, probes).items() if u}
+    assert probe_files.load_uses(lab) == computed, (
+        f"lab {lab}: the probes call {computed}; set USES = {computed!r} in helpers/grading/probes/lab{lab}.py")
+
+
+def test_a_reference_holds_only_the_answers_used():
+    solution = _solution("03")
+    ref = reference.for_question(solution, "3.4", ("3.1", "3.3"))
+    assert "def shard_indices" in ref["source"] and "def average_gradients" in ref["source"]
+    assert "def broadcast_parameters" not in ref["source"] and "def train_manual_ddp" not in ref["source"]
+    assert "check(" not in ref["source"] and "BEGIN SOLUTION" not in ref["source"]  # nothing runs; no comments
+    assert ref["globals"] == ["average_gradients", "shard_indices"]
+    assert reference.for_question(solution, "3.3", ()) is None
+    with pytest.raises(ValueError, match="no answer cell"):
+        reference.for_question(solution, "3.4", ("3.9",))
+
+
+def test_lab_08_mixes_the_reference_class_with_the_students_methods():
+    ref = reference.for_question(_solution("08"), "8.3", ("8.1",))
+    assert ref["classes"] == {"FlatShard": {"base": "ref", "other": ["unshard", "reshard", "reduce_scatter_grads"]}}
+    assert "def unshard" not in ref["source"] and "def reshard" not in ref["source"]
+
+
+def test_a_quoted_message_holding_grader_code_is_caught():
+    source = reference.for_question(_solution("03"), "3.4", ("3.3",))["source"]
+    line = next(line for line in source.splitlines() if "_flatten_dense_tensors(" in line)
+    assert reference.leaked_lines(f"ValueError: {'  '.join(line.split())}", source)
+    assert not reference.leaked_lines("ValueError: flat /= dist.get_world_size()", "x = 1\n")
+    assert not reference.leaked_lines("ValueError: return x", source)  # a short line proves nothing
+
+
+def _definitions(lab):
+    """The solution's namespace as the references see it: what reference.kept keeps of every cell."""
+    return lab_solution.namespace(_solution_path(lab), lambda _: True, transform=lambda _, cell: reference.kept(cell))
+
+
+def _poison(name):
+    def raises(*args, **kwargs):
+        raise RuntimeError(f"poisoned {name}")
+    return raises
+
+
+def _body_methods(solution, cls):
+    """The methods written in the body of the solution's class `cls`."""
+    for cell in solution.cells:
+        if cell.cell_type == "code" and f"class {cls}" in cell.source:
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.ClassDef) and node.name == cls:
+                    return [item.name for item in node.body if isinstance(item, ast.FunctionDef)]
+    return []
+
+
+def _poisoned(lab, uses):
+    """The solution's namespace with every answer in `uses` replaced by code that raises: functions, the classes'
+    constructors and methods, the methods those answers add to a class (lab 08); a class becomes a subclass of the
+    solution's whose used parts raise, so what the question itself adds stays the solution's."""
+    solution = _solution(lab)
+    ns = _definitions(lab)
+    parts = reference.components(solution)
+    methods = {(cls, m) for q in uses for cls, m in parts[q]["methods"]}
+    overrides = {}
+    for q in uses:
+        for name in parts[q]["classes"]:
+            overrides.setdefault(name, {}).update({m: _poison(f"{name}.{m}") for m in _body_methods(solution, name)})
+        for name in set(parts[q]["globals"]) - set(parts[q]["classes"]):
+            ns[name] = _poison(name)
+    for cls, method in methods:
+        overrides.setdefault(cls, {})[method] = _poison(f"{cls}.{method}")
+    for cls, body in overrides.items():
+        original = ns[cls]
+        ns[cls] = type(original)(cls, (original,), {**body, "__module__": original.__module__})
+    return ns
+
+
+CASES = [(lab, q, u) for lab in LABS for q, u in probe_files.load_uses(lab).items()]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("lab, question, uses", CASES, ids=[f"{lab} {q}" for lab, q, _ in CASES])
+def test_the_scored_run_needs_none_of_the_students_earlier_answers(lab, question, uses):
+    setup, probes = probe_files.load(lab)
+    calls = [(p.name, p.expr) for p in probes if p.question == question]
+    seed = question_seed(7, question)
+    ref = reference.for_question(_solution(lab), question, uses)
+    expected = evaluate(_definitions(lab), setup, calls, seed)["results"]
+    got = evaluate(_poisoned(lab, uses), setup, calls, seed, ref)
+    by_name = {p.name: p for p in probes}
+    for want, mine, own in zip(expected, got["results"], got["own"]):
+        assert "value" in mine, f"{question} {want['name']}: {mine}"
+        assert by_name[want["name"]].grade(want["value"], mine["value"], seed=seed)[0], (question, want["name"])
+        assert "poisoned" in own.get("error", "") or not by_name[want["name"]].grade(
+            want["value"], own.get("value"), seed=seed)[0], f"{question} {want['name']}: the poison did not reach it"

@@ -68,6 +68,7 @@ def assemble(released, submission, setup, probes, seed, references=None):
     nonces, missing = {}, []
     # A question may span several answer cells (two functions): probe it once, after its last one.
     last_cell = {q: i for i, cell in enumerate(released.cells) for q in answer_questions(cell)}
+    first_cell = {q: i for i, cell in reversed(list(enumerate(released.cells))) for q in answer_questions(cell)}
     last_answer = max(last_cell.values(), default=len(released.cells))
     for index, cell in enumerate(released.cells):
         questions = answer_questions(cell)
@@ -80,6 +81,14 @@ def assemble(released, submission, setup, probes, seed, references=None):
                 copy.source = source
         copy.metadata["dp_course_kind"] = ("answer" if questions else "check" if _is_check(cell)
                                            else "after" if index > last_answer else "lab")
+        for question in questions:  # names its answer needs to be defined at all, where the student's is missing
+            reference = (references or {}).get(question)
+            if reference and reference.get("define") and index == first_cell[question]:
+                needed = {"source": reference["source"], "define": reference["define"]}
+                fill = nbformat.v4.new_code_cell(
+                    f"from helpers.grading.probe_runtime import fill_missing as _probe_fill\n_probe_fill({needed!r})\n")
+                fill.metadata["dp_course_kind"] = "fill"
+                graded.cells.append(fill)
         graded.cells.append(copy)
         for question in dict.fromkeys(q for q in questions if last_cell[q] == index):  # a cell may hold 2 regions
             mine = [p for p in probes if p.question == question]

@@ -13,6 +13,8 @@ For such a question the probe cell receives a reference (`for_question`), a dict
               (lab 08's add_to_class): the probes see a subclass of `base` whose `other` methods come from the other
               side, so a question's own methods stay the student's while those of the questions it uses are the
               reference's
+    define    the names among them the question's answer cells need to be defined at all (a decorator's class): where
+              the student's is missing, the grader defines the solution's before those cells run (fill_missing)
 The kernel (probe_runtime.run_probes) evaluates the probes with the references bound, which is what is scored, then
 once more with the student's own functions, which only informs the feedback ("3.4 passes with the reference
 `average_gradients`; with yours it fails (see 3.3)"). A question without USES runs once, as it always did.
@@ -147,7 +149,24 @@ def for_question(solution, question, uses):
     names = {q: [f"{cls}.{m}" for cls, m in parts[q]["methods"]]
              + [g for g in parts[q]["globals"] if g not in {m for _, m in parts[q]["methods"]}] for q in uses}
     return {"source": "\n\n\n".join(source) + "\n", "globals": globals_, "classes": bound, "uses": list(uses),
-            "names": names}
+            "names": names, "define": needed_to_define(solution, question, uses)}
+
+
+def needed_to_define(solution, question, uses):
+    """The used answers' names that the question's answer cells need to be defined at all: in a decorator
+    (`@add_to_class(FlatShard)`), a base class or a default value. When the student's is missing (its cell failed),
+    the grader defines the solution's before those cells run (probe_runtime.fill_missing)."""
+    parts = components(solution)
+    used = {name for q in uses for name in parts[q]["globals"]}
+    found = set()
+    for cell in solution.cells:
+        if question not in _questions(cell):
+            continue
+        for _, _, node in _definitions(cell):
+            early = [*node.decorator_list, *getattr(node, "bases", []),
+                     *getattr(getattr(node, "args", None), "defaults", [])]
+            found |= {n for expr in early for n in _names(expr)} & used
+    return sorted(found)
 
 
 def references(solution, uses):

@@ -14,9 +14,9 @@ import pytest
 
 from helpers.grading import probes as probe_files
 from helpers.grading import reference
-from helpers.grading.assemble import question_seed
+from helpers.grading.assemble import assemble, question_seed
 from helpers.grading.labgen import ROOT
-from helpers.grading.probe_runtime import evaluate
+from helpers.grading.probe_runtime import evaluate, fill_missing
 from tests import lab_solution
 
 LABS = [f"{n:02d}" for n in range(1, 12)]
@@ -125,3 +125,25 @@ def test_the_scored_run_needs_none_of_the_students_earlier_answers(lab, question
         assert by_name[want["name"]].grade(want["value"], mine["value"], seed=seed)[0], (question, want["name"])
         assert "poisoned" in own.get("error", "") or not by_name[want["name"]].grade(
             want["value"], own.get("value"), seed=seed)[0], f"{question} {want['name']}: the poison did not reach it"
+
+
+@pytest.mark.timeout(300)
+def test_an_answer_that_needs_a_missing_class_to_be_defined_gets_the_solutions():
+    # Lab 08: the student's 8.1 cell failed, so FlatShard is undefined and 8.2's `@add_to_class(FlatShard)` would
+    # raise a NameError. The grader's fill cell before it defines the solution's FlatShard; 8.2 is then graded.
+    solution, (setup, probes) = _solution("08"), probe_files.load("08")
+    refs = reference.references(solution, probe_files.load_uses("08"))
+    graded = assemble(nbformat.read(ROOT / "labs" / _solution_path("08").name, as_version=4), solution, setup,
+                      probes, 0, refs)[0]
+    kinds = [(c.metadata.get("dp_course_kind"), c.metadata.get("dp_course", {}).get("answers")) for c in graded.cells]
+    fills = [kinds[i + 1][1] for i, (kind, _) in enumerate(kinds) if kind == "fill"]
+    assert fills == [["8.2"], ["8.3"], ["8.4"]], fills
+    ns = _definitions("08")
+    del ns["FlatShard"], ns["unshard"], ns["reshard"], ns["reduce_scatter_grads"]
+    fill_missing(refs["8.2"], ns)
+    answer = next(c for c in solution.cells if "8.2" in reference._questions(c))
+    exec(reference.kept(answer), ns)
+    calls = [(p.name, p.expr) for p in probes if p.question == "8.2"][:1]
+    got = evaluate(ns, setup, calls, question_seed(7, "8.2"), refs["8.2"])
+    want = evaluate(_definitions("08"), setup, calls, question_seed(7, "8.2"))["results"]
+    assert probes[2].grade(want[0]["value"], got["results"][0]["value"], seed=0)[0], got["results"][0]

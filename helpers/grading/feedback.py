@@ -1,11 +1,17 @@
 """Per-student feedback: each hidden test's name and outcome, never its source or expected value.
 
 Text the student chose (their file name, an exception's class name and message, the reason their notebook could
-not be read) is shown capped, on one line and as inline code: it cannot start a heading, a list item or HTML
-(`## Question 1.2: 2 / 2` or `<img onerror=...>` raised in an exception once forged lines of the feedback).
+not be read, a line of their cell) is shown capped, on one line and as inline code: it cannot start a heading, a list
+item or HTML (`## Question 1.2: 2 / 2` or `<img onerror=...>` raised in an exception once forged lines of the
+feedback).
+
+The student's own error comes first: an answer cell that failed to run (helpers/grading/answer_errors.py) is quoted,
+with its line, in the status line and as the first item of each question it answers, ahead of the hidden tests that
+failed because of it.
 """
 import re
 
+from helpers.grading.answer_errors import LINE_CHARS
 from helpers.grading.probe_runtime import MESSAGE_CHARS
 
 _STATUS = {
@@ -36,6 +42,26 @@ def _message(mark):
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _cell_error(row):
+    """'raised `SyntaxError: ...` at line 2: `def f(x`' for one answer cell that failed (answer_errors.py)."""
+    reason = _message({"message": row.get("error") or row["status"]})
+    if row["status"] == "error":
+        what = f"raised {code(row['error'])}" if row.get("quoted") else f"did not run to its end ({reason})"
+    else:
+        what = reason
+    where = f" at line {row['line']}: {code(row['text'], LINE_CHARS)}" if row.get("line") and row.get("text") else ""
+    return what + where
+
+
+def _status(result):
+    """The status line's reason: the student's own first failing answer cell where there is one."""
+    rows = [r for r in result.get("cell_errors") or [] if r["status"] == result["status"]]
+    if not rows:
+        return _STATUS[result["status"]]
+    questions = ", ".join(rows[0]["questions"]) or "?"
+    return f"your answer cell for {questions} {_cell_error(rows[0])}"
+
+
 def feedback_markdown(result, questions, points, by_hand=()):
     """Markdown feedback for one graded result; `points` = {question: maximum}; by_hand: [(Manual, points or None)]."""
     total = sum(m["earned"] for marks in result["marks"].values() for m in marks)
@@ -44,8 +70,7 @@ def feedback_markdown(result, questions, points, by_hand=()):
     pending = [item for item, earned in by_hand if earned is None]
     note = f" Not final: {', '.join(i.question for i in pending)} is graded by hand, not yet." if pending else ""
     lines = [f"# Feedback for {code(result['student'])}", "",
-             f"Score: {total:g} / {maximum:g}. Status: {result['status']} "
-             f"({_STATUS[result['status']]}).{note}", ""]
+             f"Score: {total:g} / {maximum:g}. Status: {result['status']} ({_status(result)}).{note}", ""]
     if result.get("error"):
         lines += [code(result["error"]), ""]
     if result.get("kernels", 1) > 1:
@@ -55,6 +80,10 @@ def feedback_markdown(result, questions, points, by_hand=()):
         marks = result["marks"].get(question, [])
         earned = sum(m["earned"] for m in marks)
         lines.append(f"## Question {question}: {earned:g} / {points[question]:g}")
+        for row in result.get("cell_errors") or []:  # the student's own error first
+            if question in row["questions"]:
+                lines.append(f"- your answer cell {_cell_error(row)}: fix this first, the failures below may follow "
+                             "from it")
         if result.get("composition", {}).get(question):  # graded with the solution's earlier answers (reference.py)
             lines.append(f"- {result['composition'][question]}")
         if question in result.get("missing", []):

@@ -16,6 +16,7 @@ import nbformat
 
 from helpers.grading import manual
 from helpers.grading import probes as probe_files
+from helpers.grading.answer_errors import failures
 from helpers.grading.assemble import answer_sources, assemble, probe_values
 from helpers.grading.execute import execute
 from helpers.grading.probe_runtime import MESSAGE_CHARS
@@ -137,4 +138,5 @@ def _graded(task, student, submission, setup, probes):
     hand = manual.texts(task.released, submission, probe_files.load_manual(task.lab, task.probes_dir))
     return {"student": student, "marks": marks, "status": status, "missing": missing,
             "cells": execution.cells, "kernels": execution.kernels,
-            "outside": outside_names(task.released, submission), "manual": hand, "composition": composition}
+            "outside": outside_names(task.released, submission), "manual": hand, "composition": composition,
+            "cell_errors": failures(graded, execution.cells, secrets)}

@@ -130,14 +130,18 @@ def fill_missing(reference, namespace=None):
 
 
 def evaluate(namespace, setup, calls, seed, reference=None):
-    """{"results": [...], "own": [...] (with a reference only)}: the probes evaluated in namespace (run_probes)."""
+    """{"results": [...], "own": [...] (with a reference only)}: the probes evaluated in namespace (run_probes).
+
+    reference: the dict, or a list holding it, which is emptied here: no frame of the grader's then holds it while an
+    answer runs (an answer may walk the stack)."""
     namespace["_PROBE_SEED"] = seed
     if setup:
         exec(setup, namespace)  # noqa: S102 - instructor-written set-up code
+    reference = reference.pop() if isinstance(reference, list) else reference
     if reference is None:
         return {"results": [{"name": name, **_evaluate(expr, namespace)} for name, expr in calls]}
     saved = _bind(namespace, reference)
-    del reference  # nothing of its source stays within reach of the answers the probes call
+    del reference
     try:
         shown = {"results": [{"name": name, **_evaluate(expr, namespace)} for name, expr in calls]}
     finally:
@@ -162,6 +166,7 @@ def run_probes(question, setup, calls, nonce, seed, reference=None):
     from IPython import get_ipython
     from IPython.display import display
 
-    shown = evaluate(get_ipython().user_ns, setup, calls, seed, reference)
+    box = [reference]
     del reference
+    shown = evaluate(get_ipython().user_ns, setup, calls, seed, box)
     display({PROBE_MIMETYPE: {"question": question, "nonce": nonce, **shown}}, raw=True)

@@ -215,8 +215,11 @@ def kernel_argv(workdir, limits):
     if limits.fences.sandbox:
         argv += bwrap_argv(workdir, limits.readonly_dirs, limits.hidden_dirs)
     # helpers.launcher.kernel: ipykernel_launcher with the launcher's forkserver forked at start
-    # (no second torch import)
-    return argv + [sys.executable, "-m", "helpers.launcher.kernel", "-f", "{connection_file}"]
+    # (no second torch import). No history file: IPython writes every cell it runs into a SQLite file in IPYTHONDIR
+    # as it starts it, so an answer a probe calls could read the probe cell (its SETUP, the solution's earlier
+    # answers) with sqlite3, a name no scan refuses.
+    return argv + [sys.executable, "-m", "helpers.launcher.kernel", "--HistoryManager.enabled=False",
+                   "-f", "{connection_file}"]
 
 
 # The student's code works in work/ (its cwd and HOME); the kernel's own files live beside it, so

@@ -15,8 +15,10 @@ import pytest
 from helpers.grading import probes as probe_files
 from helpers.grading import reference
 from helpers.grading.assemble import assemble, question_seed
+from helpers.grading.execute import Limits
 from helpers.grading.labgen import ROOT
 from helpers.grading.probe_runtime import evaluate, fill_missing
+from helpers.grading.sandbox import Fences, kernel_argv
 from tests import lab_solution
 
 LABS = [f"{n:02d}" for n in range(1, 12)]
@@ -147,3 +149,10 @@ def test_an_answer_that_needs_a_missing_class_to_be_defined_gets_the_solutions()
     got = evaluate(ns, setup, calls, question_seed(7, "8.2"), refs["8.2"])
     want = evaluate(_definitions("08"), setup, calls, question_seed(7, "8.2"))["results"]
     assert probes[2].grade(want[0]["value"], got["results"][0]["value"], seed=0)[0], got["results"][0]
+
+
+def test_the_graded_kernel_keeps_no_history_file():
+    # IPython writes every cell it runs into IPYTHONDIR's history.sqlite as it starts it: a kernel run without the
+    # flag (no sandbox) let an answer called by a probe read the probe cell there, SETUP and references included.
+    limits = Limits(fences=Fences(memory=False, drop_user=False, sandbox=False, pids=False))
+    assert "--HistoryManager.enabled=False" in kernel_argv("/tmp/x", limits)

@@ -5,7 +5,8 @@ Two kinds, each scoring 0 on the probes of the question with a message saying wh
                 in a ring, `DistributedSampler` in 3.1, `helpers.theory` in 6.1.
     HIDING      every question: what would hide from this reading what an answer runs (`exec`, `eval`,
                 `__import__`, `importlib`, `sys.modules`, `getattr` by a computed name, ...), the kernel's shell
-                and frames (`get_ipython`, `In`, `_getframe`: they read and rewrite the probe cell), IPython syntax
+                and frames (`get_ipython`, `In`, `_getframe`, `inspect.stack`, `format_stack`, a function's
+                `__code__`: they read and rewrite the probe cell, its SETUP and references), IPython syntax
                 (a magic hides what it runs), and the grader's own machinery that runs in the kernel
                 (`helpers.grading`, `probe_runtime`, `run_probes`, `_PROBE_SEED`, the probes' `_probe_*` helpers),
                 and the routes to code in a file (`runpy`, `sys.path`, `pickle`, `marshal`, `pkgutil.resolve_name`).
@@ -46,7 +47,12 @@ HIDING = ("exec", "eval", "compile", "__import__", "importlib", "import_module",
           # Not `gc`, `inspect` or `events`, which honest answers use (gc.collect() before a memory reading, a
           # profiler's prof.events()): the calls that reach frames and the shell through them are named instead.
           "_getframe", "currentframe", "f_back", "f_locals", "f_globals", "tb_frame", "settrace", "setprofile",
-          "get_objects", "get_referrers", "get_referents")
+          "get_objects", "get_referrers", "get_referents",
+          # The probe cell's text and its arguments (the SETUP, the solution's earlier answers: reference.py) through
+          # the stack's summaries, a frame's code or arguments, a function's code object, the line cache, the history.
+          "f_code", "gi_frame", "cr_frame", "ag_frame", "__code__", "co_consts", "co_code", "co_names",
+          "getargvalues", "getouterframes", "getinnerframes", "inspect.stack", "inspect.trace", "extract_stack",
+          "format_stack", "walk_stack", "print_stack", "linecache", "history_manager")
 _BARE_ONLY = {"exec", "eval", "compile", "globals", "vars"}
 
 

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/study_time.py readme     # the README's chapter table
     .venv/bin/python scripts/study_time.py words      # per chapter: main-path words, optional words, code cells
     .venv/bin/python scripts/study_time.py weeks      # per syllabus week: the time stated and the time computed
+    .venv/bin/python scripts/study_time.py write      # rewrite the README's and INSTRUCTORS.md's tables in place
 
 The rule (INSTRUCTORS.md, "Time"):
 - a chapter: its markdown words at 100 words per minute, plus 1.5 minutes per code cell, rounded to 5 minutes,
@@ -265,9 +266,30 @@ def weeks_table(path=ROOT / "INSTRUCTORS.md"):
     return lines
 
 
+def write_tables():
+    """Rewrite README's and INSTRUCTORS.md's generated tables in place (the syllabi stay as written: check them with
+    `weeks`); the lines naming what changed."""
+    changed = []
+    for doc, lines in (("README.md", readme_table()), ("INSTRUCTORS.md", instructors_table())):
+        text = (ROOT / doc).read_text().split("\n")
+        if lines[0] not in text:
+            raise SystemExit(f"{doc}: no line {lines[0]!r} to start the table at; paste the table in by hand once")
+        start = text.index(lines[0])
+        end = start
+        while end < len(text) and text[end].startswith("|"):
+            end += 1
+        if doc == "INSTRUCTORS.md":  # the table, a blank line, the totals sentence
+            end += 2
+        if text[start:end] != lines:
+            (ROOT / doc).write_text("\n".join(text[:start] + lines + text[end:]))
+            changed.append(f"{doc}: table rewritten")
+    return changed or ["both tables already match the notebooks"]
+
+
 def main(argv):
     what = argv[0] if argv else "instructors"
-    tables = {"instructors": instructors_table, "readme": readme_table, "words": words_table, "weeks": weeks_table}
+    tables = {"instructors": instructors_table, "readme": readme_table, "words": words_table, "weeks": weeks_table,
+              "write": write_tables}
     if what not in tables:
         raise SystemExit(f"unknown table {what!r}: pass one of {', '.join(tables)}")
     print("\n".join(tables[what]()))

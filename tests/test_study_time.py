@@ -69,7 +69,8 @@ def test_the_stated_study_times_are_the_rules(doc, table):
     """INSTRUCTORS.md's time table and the README's chapter table are what the script prints from the notebooks."""
     expected = getattr(study_time, f"{table}_table")()
     found = block_in(doc, expected)
-    fix = f"paste the output of `.venv/bin/python scripts/study_time.py {table}` into {doc}"
+    fix = (f"run `.venv/bin/python scripts/study_time.py write` (or paste the output of `... study_time.py {table}` "
+           f"into {doc}); then `... study_time.py weeks` says which syllabus week's times to update")
     assert found is not None, f"{doc}: no table starting with {expected[0]!r}; {fix}"
     diff = [f"{doc}: {a}\n   now: {b}" for a, b in zip(found, expected) if a != b]
     assert found == expected, "the notebooks changed since the table was made:\n" + "\n".join(diff) + f"\n{fix}"

@@ -8,7 +8,8 @@ does not (a notebook opened on Colab from the repository), it clones COURSE_REPO
 In this repository COURSE_REPO is empty: the course has no public address until an instructor publishes the
 student edition, and `make release COURSE_REPO=<url>` writes that address into every notebook it ships (it
 refuses to release without one). With COURSE_REPO empty, the cell says how to install the course instead.
-tests/test_install.py checks that every notebook carries the current cell, and runs the cell's install branch against a local clone.
+tests/test_install.py checks that every notebook carries the current cell, and runs the cell's install branch
+against a local clone.
 
 The cell is inserted with no outputs: chapters keep their committed outputs (it prints nothing where
 `helpers` imports), and nbval still runs it.

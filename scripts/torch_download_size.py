@@ -1,6 +1,6 @@
 """What `pip install torch==2.13.0` downloads from PyPI on Linux x86_64: torch and the CUDA wheels it pins.
 
-    python scripts/torch_download_size.py 3.13          # CPython 3.13 (the README's figure)
+    python scripts/torch_download_size.py 3.13          # CPython 3.13 (INSTALL.md's figure)
 
 Reads PyPI's JSON API (https://pypi.org/pypi/<name>/json) and each wheel's metadata file (PEP 658), follows
 torch's Requires-Dist for Linux (with the extras cuda-toolkit is asked for), picks the newest matching

@@ -70,7 +70,7 @@ def readme(text):
     """The README with a first paragraph saying what this edition is."""
     note = (f"> **Student edition.** Written by `make release` from the course's private repository: the labs' "
             f"solutions, the hidden tests and the grader are not here ({MANIFEST} lists what is left out and why). "
-            f"The instructors' sections below describe the private repository.\n\n")
+            f"INSTRUCTORS.md and GRADING.md describe the private repository.\n\n")
     title, _, rest = text.partition("\n")
     return f"{title}\n\n{note}{rest.lstrip(chr(10))}" if title.startswith("#") else note + text
 

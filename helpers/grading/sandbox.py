@@ -1,6 +1,6 @@
 """A kernel per submission, inside a bubblewrap sandbox (bwrap, the tool Flatpak uses).
 
-What each fence does, and what it does not (the README's threat model table is measured by
+What each fence does, and what it does not (GRADING.md's threat model table is measured by
 tests/grading/test_sandbox.py and by the hostile students of tests/grading/hostile.py, graded in
 tests/grading/test_grade_fixture.py):
 - bwrap `--unshare-pid`: the kernel and everything it starts live in their own PID namespace; they

@@ -24,6 +24,12 @@ module compares every pair of a class's answers to one question, as MOSS does (S
 | short | an answer under MIN_TOKENS tokens is not compared: a one-line fix everyone finds alike is expected |
 | score | tokens inside shared fingerprints, in both answers / tokens of both answers; pairs from FLAG are |
 |       | listed. 1.0: the same answer with nothing common in it; one answer inside a longer one scores lower |
+| identical | whole submissions: the same file byte for byte, or the same tokens in every answer (the table's |
+|           | normalisation), listed as such whatever the common filter says (`identical`) |
+| solution | every answer is also scored against the published solution's (solutions/NN's answer cells, which the |
+|          | grader keeps in a release), without the common filter: a class pasting it is listed (`against_solution`) |
+| cost | an answer is read up to MAX_ANSWER_CHARS characters, a notebook up to submissions.MAX_BYTES: tokens, |
+|      | fingerprints and comparisons cost time in proportion, so a hostile answer costs at most ~0.2 CPU-s |
 
 The hash is blake2b, not Python's `hash()` (salted per process), so a class scores the same on every run.
 What it cannot see: an answer copied and then rewritten by hand, statement by statement; a wrong idea shared in
@@ -37,13 +43,16 @@ import functools
 import hashlib
 import io
 import itertools
+import json
 import keyword
 import statistics
 import tokenize
 import warnings
 
+import nbformat
+
 from helpers.grading.assemble import answer_questions, find_answer
-from helpers.grading.submissions import SubmissionError, read_notebook
+from helpers.grading.submissions import SubmissionError, read_bytes, read_notebook
 
 K = 5               # tokens in a fingerprint: `dist . all_reduce ( V` is one
 WINDOW = 4          # winnowing window: shared runs of K + WINDOW - 1 = 8 tokens are always found
@@ -51,6 +60,10 @@ MIN_TOKENS = 20     # shorter answers are not compared: `return a + b` is 5 toke
 COMMON_SHARE = 0.1  # a fingerprint in more than this share of the class's answers (and more than COMMON_MIN) is common
 COMMON_MIN = 3      # ... so in a small class a group of three who share an answer still shows
 FLAG = 0.5          # pairs scoring at least this are listed
+# An answer is compared on its first MAX_ANSWER_CHARS characters: the longest of the course's solutions is 6,297
+# (lab 10.3), and each character costs about 4 CPU-us to tokenise, fingerprint and compare (an answer of 120,000
+# characters, two students: 0.9 CPU-s), so a hostile answer of megabytes costs at most ~0.2 CPU-s a question.
+MAX_ANSWER_CHARS = 50_000
 
 _NEWLINE = ";"
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
@@ -231,6 +244,77 @@ def median(scores, answers):
     return statistics.median([*scores.values(), *[0.0] * (total - len(scores))])
 
 
+def against_solution(answers, solution, starter=frozenset()):
+    """[Pair(question, the student's answer, the solution's)] scoring from FLAG up, best first. The class's common
+    fingerprints count here: a class that pastes the published solution is listed, every one of them."""
+    if solution is None or len(solution.tokens) < MIN_TOKENS:
+        return []
+    theirs = fingerprints(solution, starter)
+    pairs = []
+    for answer in answers:
+        if len(answer.tokens) < MIN_TOKENS:
+            continue
+        mine = fingerprints(answer, starter)
+        shared = set(mine) & set(theirs)
+        if answer.tokens == solution.tokens:  # every token, not only those winnowing kept a fingerprint around
+            every = frozenset(range(len(answer.tokens)))
+            pair = Pair(answer.question, answer, solution, every, every, len(shared))
+        else:
+            pair = Pair(answer.question, answer, solution, _covered(mine, shared), _covered(theirs, shared),
+                        len(shared))
+        if pair.score >= FLAG or answer.tokens == solution.tokens:
+            pairs.append(pair)
+    pairs.sort(key=lambda p: (p.a.tokens != p.b.tokens, -p.score, p.a.student))
+    return pairs
+
+
+@dataclasses.dataclass(frozen=True)
+class Identical:
+    """Students who handed in the same submission: `how` is "file" (byte for byte) or "answers" (the same tokens in
+    every answer, after the module's normalisation)."""
+
+    how: str
+    students: tuple  # in name order
+    tokens: int      # the students' own tokens, every answer together
+    solution: tuple  # questions whose answer is the published solution's, token for token
+
+
+def identical(found):
+    """[Identical] of a class (ClassAnswers): byte-identical files first, then the same answers; largest first.
+
+    A group whose answers hold no token of the students' own (the released lab handed in as it was) is not listed;
+    nor are answers alike under MIN_TOKENS in all, a group of answers that is also one of files."""
+    own, keys = {}, {}
+    for question, answers in found.answers.items():
+        for a in answers:
+            own[a.student] = own.get(a.student, 0) + len(a.tokens)
+            keys.setdefault(a.student, {})[question] = a.tokens
+    groups = []
+    by_file = _groups(found.digests)
+    for students in by_file:
+        if own.get(students[0], 0) > 0:
+            groups.append(Identical("file", students, own[students[0]], _solution_questions(found, students[0])))
+    by_answers = _groups({s: tuple(sorted(k.items())) for s, k in keys.items() if own[s] >= MIN_TOKENS})
+    for students in by_answers:
+        if students not in by_file:
+            groups.append(Identical("answers", students, own[students[0]], _solution_questions(found, students[0])))
+    return groups
+
+
+def _groups(keys):
+    """[(student, ...)] of the students sharing a key, two or more, largest group first."""
+    by_key = {}
+    for student, key in sorted(keys.items()):
+        by_key.setdefault(key, []).append(student)
+    return sorted((tuple(g) for g in by_key.values() if len(g) > 1), key=lambda g: (-len(g), g))
+
+
+def _solution_questions(found, student):
+    """The questions whose answer of student is the solution's, token for token (and not empty)."""
+    return tuple(q for q, answers in found.answers.items() for a in answers if a.student == student
+                 and q in found.solution and a.tokens and a.tokens == found.solution[q].tokens)
+
+
 @dataclasses.dataclass
 class ClassAnswers:
     """Every answer of a class to every question of a lab, and what could not be read."""
@@ -239,6 +323,9 @@ class ClassAnswers:
     starters: dict    # {question: frozenset of the released cells' K-gram hashes}
     unread: dict      # {student: why}
     missing: dict     # {question: [student]} no answer cell found
+    digests: dict = dataclasses.field(default_factory=dict)   # {student: sha256 of the file}
+    solution: dict = dataclasses.field(default_factory=dict)  # {question: the published solution's Answer}
+    cut: dict = dataclasses.field(default_factory=dict)       # {(student, question): characters, over the cap}
 
 
 def _released_sources(released):
@@ -259,18 +346,39 @@ def _answer_source(released, submission, question):
     return None if any(f is None for f in found) else "\n".join(found) + "\n"
 
 
-def read_class(released, paths):
-    """ClassAnswers of the submissions {student: path} to the released lab (an nbformat notebook)."""
+def _code_cells(data, path):
+    """The notebook of data with only its code cells' ids and sources: json.loads, not nbformat's validation (a
+    notebook of 48 MB: 0.8 CPU-s instead of 5). Anything but a v4 notebook is read by read_notebook (its messages)."""
+    try:
+        raw = json.loads(data)
+        cells = [nbformat.v4.new_code_cell(c["source"] if isinstance(c["source"], str) else "".join(c["source"]))
+                 | ({"id": c["id"]} if isinstance(c.get("id"), str) else {})
+                 for c in raw["cells"] if c.get("cell_type") == "code"]
+        if raw.get("nbformat") == 4:
+            return nbformat.from_dict({"cells": cells})
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pass
+    with warnings.catch_warnings():  # nbformat's validation notes (duplicate cell ids): the grader's to say
+        warnings.simplefilter("ignore")
+        return read_notebook(path)
+
+
+def read_class(released, paths, solution=None):
+    """ClassAnswers of the submissions {student: path} to the released lab (an nbformat notebook); solution: the
+    published solution's notebook (its answers are scored against every student's), if given."""
     sources, vocabulary = _released_sources(released)
     result = ClassAnswers({q: [] for q in sources}, {}, {}, {q: [] for q in sources})
     for question, source in sources.items():
         tokens = [t for t, _ in normalise(source, set(), vocabulary)]
         result.starters[question] = frozenset(kgram_hashes(tokens))
+        own = _answer_source(released, solution, question) if solution is not None else None
+        if own is not None:
+            result.solution[question] = student_answer("(solution)", question, own, source, vocabulary)
     for student, path in sorted(paths.items()):
         try:
-            with warnings.catch_warnings():  # nbformat's validation notes (duplicate cell ids): the grader's to say
-                warnings.simplefilter("ignore")
-                submission = read_notebook(path)  # a regular file only, capped (submissions.py)
+            data = read_bytes(path)  # a regular file only, capped (submissions.py)
+            result.digests[student] = hashlib.sha256(data).hexdigest()
+            submission = _code_cells(data, path)
             found = {q: _answer_source(released, submission, q) for q in sources}
         except SubmissionError as exc:  # its message quotes nothing of the file
             result.unread[student] = str(exc)
@@ -281,7 +389,10 @@ def read_class(released, paths):
         for question, source in found.items():
             if source is None:
                 result.missing[question].append(student)
-            else:
-                result.answers[question].append(student_answer(student, question, source, sources[question],
-                                                               vocabulary))
+                continue
+            if len(source) > MAX_ANSWER_CHARS:
+                result.cut[student, question] = len(source)
+                source = source[:MAX_ANSWER_CHARS]
+            result.answers[question].append(student_answer(student, question, source, sources[question],
+                                                           vocabulary))
     return result

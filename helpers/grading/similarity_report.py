@@ -1,17 +1,24 @@
 """OUT/similarity.md and OUT/similarity.csv: pairs of students whose answers to a question are unusually alike.
 
-Written by `make grade` beside grades.csv, from the submissions alone (nothing is executed); how pairs are found
-and scored is helpers/grading/similarity.py's docstring. similarity.csv has one row per listed pair:
+Written by `make grade` beside grades.csv, from the submissions and the published solution alone (nothing is
+executed); how pairs are found and scored is helpers/grading/similarity.py's docstring. similarity.md lists, in this
+order: identical submissions, copies of the published solution, then pairs of alike answers. similarity.csv has one
+row per pair, in the same order:
 
 | column | meaning |
 |---|---|
-| question | e.g. 3.3 |
-| student_a, student_b | the pair, in name order |
-| score | tokens inside shared fingerprints, both answers, / tokens of both answers (0-1) |
+| kind | `identical_file` (byte for byte), `identical_answers` (every answer, normalised), `solution` (an answer |
+|      | and the published solution's: student_b is empty), `alike` (two answers to one question) |
+| question | e.g. 3.3; `all` for identical submissions |
+| student_a, student_b | the pair, in name order (every pair of a group of identical submissions) |
+| score | tokens inside shared fingerprints, both answers, / tokens of both answers (0-1); 1 for identical ones |
 | a_matched, a_tokens, b_matched, b_tokens | each answer's tokens inside shared fingerprints, and its length |
-| fingerprints | fingerprints the two share (common ones excluded) |
+| fingerprints | fingerprints the two share (common ones excluded but against the solution) |
 """
+import itertools
 import pathlib
+
+import nbformat
 
 from helpers.grading import similarity
 from helpers.grading.report import question_order
@@ -21,56 +28,114 @@ SHOWN = 10  # pairs whose answers the report prints in full
 
 HEADER = """# Similar answers: lab {lab}
 
-**Evidence for a person to read, not a verdict.** Each row is two students whose answers to one question share
-more of their code than the rest of the class does, after removing what everyone was given (the released lab's
-code in the answer cell) and what copying changes (comments, blank lines, spacing, line breaks, variable names,
-strings). Read both answers before concluding anything: students who worked through the same chapter cell, a
-tutorial or office hours together write alike too.
+**Evidence for a person to read, not a verdict.** Three lists, strongest first: submissions that are identical (the
+same file, or the same code in every answer); answers that are copies of the published solution (this course's
+`solutions/` is public); and pairs of students whose answers to one question share more of their code than the
+rest of the class does, after removing what everyone was given (the released lab's code in the answer cell) and
+what copying changes (comments, blank lines, spacing, line breaks, variable names, strings). Read the answers
+before concluding anything: students who worked through the same chapter cell, a tutorial or office hours
+together write alike too, and a short answer has few ways to be right.
 
 How short and common answers are handled: an answer under {min_tokens} tokens (a one-line fix) is not compared,
 and a fingerprint ({k} consecutive tokens) found in the answers of more than {common} of the class's students
-(and of more than {common_min}) is taken as the common solution and ignored, so the answer most students find
-flags no one. A pair is listed from a score of {flag:.2f}: the share of both answers' tokens inside fingerprints
+(and of more than {common_min}) is taken as the common solution and ignored in the pairs (not in the two lists
+before them), so the answer most students find pairs no one. A pair is listed from a score of {flag:.2f}: the share of both answers' tokens inside fingerprints
 they share (1.00: the same answer token for token, with nothing in it the class has in common; one answer inside
 a much longer one scores lower). The median pair score of each question, below, is the class's baseline. What
 this cannot see: an answer copied and then rewritten by hand, a wrong idea shared in conversation, copying from
-outside the class.
+outside the class but the published solution. An answer is read up to its first {max_chars:,} characters, several
+times the longest solution's: what a longer one holds beyond is not compared, and the answer is named below.
 """
 
 
-def write(out, lab, released, paths):
-    """Write OUT/similarity.md and .csv for the submissions {student: path}; return the listed pairs."""
-    found = similarity.read_class(released, paths)
+def write(out, lab, released, paths, solution=None):
+    """Write OUT/similarity.md and .csv for the submissions {student: path}; return the listed pairs of alike answers.
+
+    solution: the published solution's notebook, or its path (every answer is also scored against it)."""
+    if isinstance(solution, (str, pathlib.Path)):
+        solution = nbformat.read(solution, as_version=4)
+    found = similarity.read_class(released, paths, solution)
     questions = question_order(found.answers)
     results = {q: similarity.compare(found.answers[q], found.starters[q]) for q in questions}
     pairs = sorted((p for q in questions for p in results[q][0]), key=lambda p: -p.score)
+    same = similarity.identical(found)
+    copies = {q: similarity.against_solution(found.answers[q], found.solution.get(q), found.starters[q])
+              for q in questions}
     out = pathlib.Path(out)
-    _write_csv(out / "similarity.csv", pairs)
+    _write_csv(out / "similarity.csv", pairs, same, [p for q in questions for p in copies[q]])
     students = len(paths) - len(found.unread)
     text = HEADER.format(lab=lab, min_tokens=similarity.MIN_TOKENS, k=similarity.K, flag=similarity.FLAG,
-                         common=f"{similarity.COMMON_SHARE:.0%}", common_min=similarity.COMMON_MIN)
-    text += _summary(questions, found, results, students)
+                         common=f"{similarity.COMMON_SHARE:.0%}", common_min=similarity.COMMON_MIN,
+                         max_chars=similarity.MAX_ANSWER_CHARS)
+    text += _summary(questions, found, results, students, copies)
+    text += _identical(same) + _solution_copies(questions, found, copies)
     text += _pairs_table(pairs) + _repeat_offenders(pairs) + _shown(pairs[:SHOWN]) + _not_compared(found)
     (out / "similarity.md").write_text(text)
     return pairs
 
 
-def _write_csv(path, pairs):
-    write_csv(path, [["question", "student_a", "student_b", "score", "a_matched", "a_tokens", "b_matched", "b_tokens",
-                      "fingerprints"],
-                     *([p.question, p.a.student, p.b.student, f"{p.score:.2f}", len(p.covered_a), len(p.a.tokens),
-                        len(p.covered_b), len(p.b.tokens), p.shared] for p in pairs)])
+def _write_csv(path, pairs, same=(), copies=()):
+    rows = [["kind", "question", "student_a", "student_b", "score", "a_matched", "a_tokens", "b_matched", "b_tokens",
+             "fingerprints"]]
+    for group in same:
+        rows += [[f"identical_{group.how}", "all", a, b, "1.00", group.tokens, group.tokens, group.tokens,
+                  group.tokens, ""] for a, b in itertools.combinations(group.students, 2)]
+    rows += [["solution", p.question, p.a.student, "", f"{p.score:.2f}", len(p.covered_a), len(p.a.tokens),
+              len(p.covered_b), len(p.b.tokens), p.shared] for p in copies]
+    rows += [["alike", p.question, p.a.student, p.b.student, f"{p.score:.2f}", len(p.covered_a), len(p.a.tokens),
+              len(p.covered_b), len(p.b.tokens), p.shared] for p in pairs]
+    write_csv(path, rows)
 
 
-def _summary(questions, found, results, students):
+def _summary(questions, found, results, students, copies):
     lines = [f"\n{students} submission(s) read.\n",
-             "| question | answers | compared (long enough) | median pair score | common fingerprints | pairs listed |",
-             "|---|---|---|---|---|---|"]
+             "| question | answers | compared (long enough) | median pair score | common fingerprints | pairs listed "
+             "| close to the solution |",
+             "|---|---|---|---|---|---|---|"]
     for q in questions:
         pairs, scores, common = results[q]
         long_enough = sum(len(a.tokens) >= similarity.MIN_TOKENS for a in found.answers[q])
         middle = similarity.median(scores, long_enough)
-        lines.append(f"| {q} | {len(found.answers[q])} | {long_enough} | {middle:.2f} | {len(common)} | {len(pairs)} |")
+        close = len(copies[q]) if q in found.solution else "-"
+        lines.append(f"| {q} | {len(found.answers[q])} | {long_enough} | {middle:.2f} | {len(common)} | {len(pairs)} "
+                     f"| {close} |")
+    return "\n".join(lines) + "\n"
+
+
+_HOW = {"file": "the same file, byte for byte", "answers": "the same code in every answer (spacing, comments, names "
+        "and strings aside)"}
+
+
+def _identical(groups):
+    head = "\n## Identical submissions\n\n"
+    if not groups:
+        return head + "No two submissions are identical (the released lab handed in untouched does not count).\n"
+    lines = [head + "Listed whatever the class has in common: two students handing in one file did not write it "
+             "twice.\n", "| # | students | identical | own tokens | the published solution's in |",
+             "|---|---|---|---|---|"]
+    for rank, g in enumerate(groups, start=1):
+        lines.append(f"| {rank} | {', '.join(g.students)} | {_HOW[g.how]} | {g.tokens} | "
+                     f"{', '.join(g.solution) or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _solution_copies(questions, found, copies):
+    head = "\n## Copies of the published solution\n\n"
+    if not found.solution:
+        return head + "Not compared: no published solution was given.\n"
+    listed = [p for q in questions for p in copies[q]]
+    if not listed:
+        return head + (f"No answer scored {similarity.FLAG:.2f} or more against the published solution's "
+                       "(solutions/, whose answers are public with the course).\n")
+    lines = [head + "Each answer against the published solution's (this course's `solutions/` is public), the class's "
+             "common code included: here a class that pastes it is listed, every one of them. A short answer has few "
+             "ways to be right: compare a score with the question's row above.\n",
+             "| question | student | score | identical | student matched / tokens | solution matched / tokens |",
+             "|---|---|---|---|---|---|"]
+    for p in listed:
+        same = "yes" if p.a.tokens == p.b.tokens else ""
+        lines.append(f"| {p.question} | {p.a.student} | {p.score:.2f} | {same} | {len(p.covered_a)} / "
+                     f"{len(p.a.tokens)} | {len(p.covered_b)} / {len(p.b.tokens)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -123,6 +188,8 @@ def _listing(answer, covered):
 
 def _not_compared(found):
     notes = [f"- {s}: {why}" for s, why in sorted(found.unread.items())]
+    notes += [f"- {s}: the answer to lab {q} is {n:,} characters; only its first {similarity.MAX_ANSWER_CHARS:,} "
+              "were compared" for (s, q), n in sorted(found.cut.items())]
     notes += [f"- lab {q}: no answer cell found for {', '.join(students)}"
               for q, students in sorted(found.missing.items()) if students]
     return ("\n## Not compared\n\n" + "\n".join(notes) + "\n") if notes else ""

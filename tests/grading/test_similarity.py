@@ -2,6 +2,7 @@
 
 No kernel runs: the fixture lab 97 is built on disk and its submissions only read."""
 import csv
+import time
 
 import nbformat
 import pytest
@@ -164,3 +165,76 @@ def test_a_failed_report_leaves_the_grades_and_says_so(tmp_path, monkeypatch, ca
     why = "the similarity report failed (OSError: disk full); grades.csv is complete"
     assert f"grade: {why}" in capsys.readouterr().err
     assert why in (tmp_path / "logs" / "grader.log").read_text()
+
+
+def _report(tmp_path, answers, solution=True, edits=None):
+    """similarity.md and the csv's rows of lab 97's class {student: 97.2 source}; edits: {student: notebook edit}."""
+    lab.build(tmp_path)
+    paths = {s: lab.submission(tmp_path, s, None, source, (edits or {}).get(s)) for s, source in answers.items()}
+    released = nbformat.read(tmp_path / "labs" / "97_fixture.ipynb", as_version=4)
+    similarity_report.write(tmp_path, "97", released, paths,
+                            tmp_path / "solutions" / "97_fixture.ipynb" if solution else None)
+    with open(tmp_path / "similarity.csv") as f:
+        return (tmp_path / "similarity.md").read_text(), list(csv.DictReader(f))
+
+
+def _markdown_cell(text):
+    def edit(nb):
+        nb.cells.append(nbformat.v4.new_markdown_cell(text))
+    return edit
+
+
+def test_identical_submissions_come_first_whatever_the_class_shares(tmp_path):
+    # Five answers alike: the common filter pairs none of them. Two are one file, byte for byte; the other three
+    # differ only outside the answer cells, and one of those reformatted and renamed its answer.
+    renamed = HONEST["formula"].replace("total", "acc").replace("        rank = ", "        rank=")
+    answers = {"ann": HONEST["formula"], "bea": HONEST["formula"], "cid": HONEST["formula"],
+               "dan": HONEST["formula"], "eve": renamed, "sol": HONEST["sends"]}
+    text, rows = _report(tmp_path, answers, edits={s: _markdown_cell(s) for s in ("cid", "dan", "eve")})
+    assert "| 1 | ann, bea | the same file, byte for byte |" in text
+    assert "| 2 | ann, bea, cid, dan, eve | the same code in every answer" in text
+    assert text.index("## Identical submissions") < text.index("## Copies of the published solution") < text.index(
+        "## Pairs")
+    assert [(r["kind"], r["student_a"], r["student_b"]) for r in rows][:2] == [
+        ("identical_file", "ann", "bea"), ("identical_answers", "ann", "bea")]
+    assert not [r for r in rows if r["kind"] == "alike"]  # the common filter still decides the pairs
+
+
+def test_the_released_lab_handed_in_twice_is_not_a_copy(tmp_path):
+    text, rows = _report(tmp_path, {"ann": None, "bea": None, "cid": HONEST["sends"]})
+    assert "No two submissions are identical" in text and not rows
+
+
+def test_a_pasted_solution_is_listed_under_its_own_heading(tmp_path):
+    # Four students paste the published solution's 97.2 (one reformats it): common in the class, so no pair is
+    # listed, but each is a copy of the solution; the honest answers are not.
+    pasted = lab.RANK_SUM.replace("    ### BEGIN SOLUTION (lab 97.2) all_reduce each rank's id\n", "") \
+                         .replace("    ### END SOLUTION\n", "")
+    reformatted = pasted.replace("t = torch.tensor", "value = torch.tensor").replace("(t)", "(value)") \
+                        .replace("t.item()", "value.item()").replace("world_size, hang", "world_size,\n        hang")
+    answers = {"p1": lab.RANK_SUM, "p2": pasted, "p3": pasted, "p4": reformatted, **HONEST}
+    text, rows = _report(tmp_path, answers, edits={s: _markdown_cell(s) for s in answers})
+    section = text.split("## Copies of the published solution")[1].split("\n## ")[0]
+    listed = {line.split(" | ")[1]: line for line in section.splitlines() if line.startswith("| 97.2 |")}
+    assert set(listed) == {"p1", "p2", "p3", "p4", "reduce"}, section  # "reduce" is the solution's loop too
+    assert all(" | 1.00 | yes | " in line for line in listed.values())
+    assert {r["student_a"] for r in rows if r["kind"] == "solution"} == set(listed)
+    assert not [r for r in rows if r["kind"] == "alike"]
+    assert "| 97.2 | 7 | 7 | " in text and text.split("| 97.2 | 7 | 7 | ")[1].split("\n")[0].endswith("| 5 |")
+
+
+def test_without_a_solution_the_report_says_so(tmp_path):
+    text, _ = _report(tmp_path, {"ann": lab.RANK_SUM, "bea": HONEST["sends"]}, solution=False)
+    assert "Not compared: no published solution was given." in text
+
+
+def test_a_huge_answer_costs_a_bounded_time_and_is_named(tmp_path):
+    # 2.4 MB of statements in each of two answers: read whole, this report took 14.4 CPU-s; cut at MAX_ANSWER_CHARS,
+    # 0.55 (notebooks written included).
+    huge = lab.RANK_SUM + "".join(f"x{i} = y{i} + {i}\n" for i in range(100_000))
+    start = time.process_time()
+    text, rows = _report(tmp_path, {"ann": huge, "bea": huge})
+    seconds = time.process_time() - start
+    assert seconds < 3.0, f"{seconds:.1f} CPU-s for two answers of {len(huge):,} characters"
+    assert f"- ann: the answer to lab 97.2 is {len(huge) + 1:,} characters; only its first 50,000 were compared" in text
+    assert ("identical_file", "ann", "bea") in [(r["kind"], r["student_a"], r["student_b"]) for r in rows]

@@ -140,7 +140,7 @@ def _results(data):
 
 
 def _named(rows):
-    return {r["name"]: {k: r[k] for k in ("value", "error") if k in r} for r in rows
+    return {r["name"]: {k: r[k] for k in ("value", "error", "run_failed") if k in r} for r in rows
             if isinstance(r, dict) and isinstance(r.get("name"), str) and ("value" in r or "error" in r)}
 
 

@@ -66,6 +66,8 @@ def score(probes, expected, values, sources, seed, secrets=()):
             mark["message"] = unread
         elif got is None:
             mark["message"] = "did not run (an earlier cell failed, timed out or killed the kernel)"
+        elif "error" in got and got.get("run_failed") and probe.hint:  # a hang, a dead rank: the check's hint
+            mark["message"] = f"the ranks did not finish together: {probe.hint.strip()}"
         elif "error" in got:  # the student's own text (an exception's name and message): quoted in the feedback
             mark.update(message=str(got["error"])[:MESSAGE_CHARS], quoted=not got.get("grader"))
             if mark["quoted"] and leaked_lines(mark["message"], *secrets):

@@ -7,7 +7,7 @@ import importlib
 import linecache
 import sys
 
-from helpers.errors import RankFailed
+from helpers.errors import LaunchError, RankFailed
 from helpers.grading.plain import to_plain
 
 PROBE_MIMETYPE = "application/vnd.dp-course.probe+json"
@@ -48,7 +48,10 @@ def _evaluate(expr, namespace):
     except RankFailed as exc:
         if exc.exc_type == "NotImplementedError":
             return {"error": "not implemented"}
-        return {"error": f"a rank failed: {(str(exc).splitlines() or [''])[0]}"[:MESSAGE_CHARS]}
+        failed = {"error": f"a rank failed: {(str(exc).splitlines() or [''])[0]}"[:MESSAGE_CHARS]}
+        return {**failed, "run_failed": True} if exc.exitcode is not None else failed  # died, or raised
+    except LaunchError as exc:  # a hang, a mismatch of collectives: the ranks did not finish together
+        return {"error": f"{type(exc).__name__}: {exc}"[:MESSAGE_CHARS], "run_failed": True}
     except Exception as exc:  # noqa: BLE001 - every failure of student code becomes feedback
         return {"error": f"{type(exc).__name__}: {exc}"[:MESSAGE_CHARS]}
 

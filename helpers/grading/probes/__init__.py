@@ -14,6 +14,10 @@ The contract, and why:
   the value must equal the solution's value for the same seed (plain.compare, rtol/atol); a `judge(expected,
   actual, seed) -> (passed, message)` replaces that where the lab leaves a choice free (10.1's sampling) or
   where structure is judged by a rule (bytes within 1 %, all-reduces started during backward); see judges.py.
+- A failure teaches as the public check does: a probe whose value is what a public check's run returns (the check's
+  rank function, run on the secret inputs) is judged with that check's own `diagnose` (judges.diagnosed), so the
+  feedback names the same mistake, without a value of the right answer; a run that did not finish says the check's
+  hint (`hint`).
 - A shortcut scores 0: the library function a question rebuilds (`forbidden`), or code that hides what it
   runs, found in the answer's source (shortcuts.py).
 A probe file declares `USES = {"3.4": ("3.1", "3.2", "3.3")}`: the earlier answers each question's probes call,
@@ -48,6 +52,9 @@ class Probe:
     judge: object = None
     # Names the answer must not use: the library function the question rebuilds (shortcuts.py).
     forbidden: tuple = ()
+    # What a run of the ranks that did not finish (a hang, a dead rank) says first: the public check's hint for the
+    # same run, e.g. "every rank must call dist.broadcast ...". The launcher's report itself is not repeated.
+    hint: str = ""
 
     def grade(self, expected, actual, *, answer_source="", seed=0):
         """(passed, message): actual against the solution's value, in the grader's process.

@@ -17,7 +17,8 @@ def _shape(num_samples, world_size, drop_last, order):
 
 
 def _diagnose(got, num_samples, rank, world_size, shuffle, seed, epoch, drop_last):
-    """The mistake that gives `got`, and its fix; None if it is none of the usual ones."""
+    """The mistake that gives `got`, and its fix; None if it is none of the usual ones. No value of the right answer
+    is in it: the grader says it too, for the hidden tests' calls (helpers/grading/probes/lab03.py)."""
     order = _sampler_indices(num_samples, 0, 1, shuffle, seed, epoch, False)  # the epoch's whole order
     total = -(-num_samples // world_size) * world_size
     if not drop_last and total > 2 * num_samples and got == (order + order[: total - num_samples])[rank::world_size]:
@@ -25,10 +26,10 @@ def _diagnose(got, num_samples, rank, world_size, shuffle, seed, epoch, drop_las
                 "its start until its length is a multiple of world_size")
     if got == order[rank::world_size] and not drop_last:
         return ("the padding is missing: with drop_last=False repeat the order from its start until every rank "
-                f"has ceil(num_samples / world_size) = {-(-num_samples // world_size)} indices")
+                "has ceil(num_samples / world_size) indices")
     if got == order[rank::world_size]:
         return ("the cut is missing: with drop_last=True drop the tail of the order first, so every rank has "
-                f"floor(num_samples / world_size) = {num_samples // world_size} indices")
+                "floor(num_samples / world_size) indices")
     shaped = _shape(num_samples, world_size, drop_last, order)
     per_rank = len(shaped) // world_size
     if got == shaped[rank * per_rank:(rank + 1) * per_rank]:
@@ -93,6 +94,10 @@ def datasets_smaller_than_world_size(ns):
     _compare_with_sampler(answer(ns, "shard_indices"), cases)
 
 
+# Said by the check and by the grader (helpers/grading/probes/lab03.py) of a rank outside 0 .. world_size - 1.
+RANK_REFUSED = "should raise ValueError (rank must be in 0 .. world_size - 1), as DistributedSampler does"
+
+
 @public_check("3.1")
 def rejects_a_bad_rank(ns):
     shard_indices = answer(ns, "shard_indices")
@@ -101,5 +106,4 @@ def rejects_a_bad_rank(ns):
             shard_indices(10, rank, 3, shuffle=False, seed=0, epoch=0, drop_last=False)
         except ValueError:
             continue
-        raise AssertionError(f"shard_indices(10, rank={rank}, world_size=3, ...) should raise ValueError "
-                             "(rank must be in 0 .. world_size - 1), as DistributedSampler does")
+        raise AssertionError(f"shard_indices(10, rank={rank}, world_size=3, ...) {RANK_REFUSED}")

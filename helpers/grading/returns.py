@@ -97,6 +97,10 @@ def returned(graded, result):
         if index < first:
             copy.outputs = [kept for kept in map(_output, cell.get("outputs", [])) if kept is not None]
             copy.execution_count = cell.get("execution_count") if copy.outputs else None
+            ran = status.get(index)
+            if kind == "answer" and ran and ran["status"] in _RAN and ran["status"] != "ok":  # the grader stopped it
+                copy.outputs.append(nbformat.v4.new_output("stream", name="stderr",
+                                                           text=f"[grader] this cell {_RAN[ran['status']]}\n"))
         elif kind == "answer":
             copy.outputs = [_status_line(cell, status.get(index))]
         notebook.cells.append(copy)
@@ -128,14 +132,14 @@ def _status_line(cell, ran):
     if syntax:
         text = f"this cell did not compile: {syntax}"
     elif ran is None:
-        text = "was not run (an earlier cell stopped the grading of this notebook)"
+        text = "this cell was not run (an earlier cell stopped the grading of this notebook)"
     elif ran["status"] == "error":
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         name = errors[0].get("ename") if errors else None
         what = f"raised {name}" if name in _BUILTIN_ERRORS else "raised an exception of a class of its own"
-        text = f"{what}; the message is in your feedback"
+        text = f"this cell {what}; the message is in your feedback"
     else:
-        text = _RAN.get(ran["status"], ran["status"])
+        text = f"this cell {_RAN.get(ran['status'], ran['status'])}"
     return nbformat.v4.new_output("stream", name="stderr", text=f"[grader] {text}; outputs below the first hidden "
                                   "test are not returned\n")
 

@@ -62,8 +62,8 @@ def test_answer_cells_as_graded_and_outputs_down_to_the_first_probe(tmp_path):
     assert [c.source for c in answers] == [lab.ADD, lab.RANK_SUM]
     first, second = answers
     assert "says hello" in first.outputs[0]["text"] and first.execution_count  # above 97.1's probe: kept
-    assert [o["text"] for o in second.outputs] == ["[grader] ran without error; outputs below the first hidden test "
-                                                   "are not returned\n"]
+    assert [o["text"] for o in second.outputs] == ["[grader] this cell ran without error; outputs below the first "
+                                                   "hidden test are not returned\n"]
     assert 'check("97.2", globals())' in [c.source for c in back.cells]  # the public checks, to run again
     assert "question 97.1's hidden tests" in back.cells[0].source and "`s`" in back.cells[0].source
     assert set(back.metadata) <= {"kernelspec", "language_info"}
@@ -87,6 +87,16 @@ def test_an_error_says_its_builtin_class_only(tmp_path):
         result["cells"] = [{**c, "status": "error"} if c["index"] == index else c for c in result["cells"]]
         text = json.dumps(returns.returned(graded, result))
         assert said in text and CANARY not in text and "Secret_9f2e" not in text
+
+
+def test_a_cell_the_grader_stopped_says_so(tmp_path):
+    graded, result = _executed(tmp_path)
+    index = min(i for i, c in enumerate(graded.cells) if c.metadata["dp_course_kind"] == "answer")
+    graded.cells[index].outputs = [nbformat.v4.new_output("error", ename="KeyboardInterrupt", evalue="",
+                                                          traceback=[])]
+    result["cells"] = [{**c, "status": "timeout"} if c["index"] == index else c for c in result["cells"]]
+    [cell] = [c for c in returns.returned(graded, result).cells if c.source == lab.ADD]
+    assert cell.outputs[-1]["text"] == "[grader] this cell ran past its time limit and was stopped\n"
 
 
 def test_write_puts_feedback_beside_and_never_a_stale_notebook(tmp_path):

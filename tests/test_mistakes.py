@@ -2,15 +2,28 @@
 and the report holds the details the catalogue asks for.
 
 A mistake whose ranks' run fails (a hang, a crash) must print the launcher's report once, not once per check.
+The same mistakes go through the hidden tests of their question, judged by the grader (issue 28, part 2): they cost
+that question only, and its feedback's first failed line names the mistake the public check names, without a value of
+the right answer (the labs of HIDDEN_LABS).
 The selected mistakes of one question go through check() together, their launches batched (tests/mistake_batch.py):
 the first test of a question runs them all, and each test asserts on its own mistake's report.
 """
+import ast
+import functools
 import importlib
+import json
 import pkgutil
+import re
+import textwrap
 
+import nbformat
 import pytest
 
-from helpers.grading import check
+from helpers.grading import check, reference
+from helpers.grading import probes as probe_files
+from helpers.grading.assemble import question_seed
+from helpers.grading.grade_student import score
+from helpers.grading.probe_runtime import evaluate
 from tests import lab_solution, mistakes
 from tests.mistake_batch import Grouped, selected_ids
 
@@ -52,3 +65,84 @@ def test_first_line_names_the_mistake_and_the_fix(lab, mistake, request):
     if mistake.run_fails:
         reports = report.count("Launcher's report")
         assert reports == 1, f"the run's report is printed {reports} times, not once:\n{printed}"
+
+
+# --- the hidden tests (issue 28, part 2): the grader's feedback teaches as the public check does ---------------------
+# The labs whose probes run the public checks' rank functions and whose judges diagnose with the checks' own rules.
+HIDDEN_LABS = ("lab03",)
+HIDDEN = [(lab, m) for lab, m in CASES if lab in HIDDEN_LABS]
+HIDDEN_IDS = [f"{lab} {m.question} {m.name}" for lab, m in HIDDEN]
+SEED = 2026  # the grading run's secret seed, here fixed: each question's own is derived from it
+
+
+def _probes(lab, question):
+    setup, probes = probe_files.load(lab[3:])
+    solution = nbformat.read(importlib.import_module(f"tests.mistakes.{lab}").SOLUTION, as_version=4)
+    ref = reference.for_question(solution, question, probe_files.load_uses(lab[3:]).get(question, ()))
+    return setup, [p for p in probes if p.question == question], ref
+
+
+def _probe_namespace(lab, override=""):
+    """The solution's cells as the graded kernel has them (reference.kept), then the wrong answer."""
+    path = importlib.import_module(f"tests.mistakes.{lab}").SOLUTION
+    if isinstance(override, dict):
+        return {**_probe_namespace(lab), **override}
+    return lab_solution.namespace(path, lambda _: True, override, transform=lambda _, cell: reference.kept(cell))
+
+
+def _probe_values(lab, question, override=""):
+    """{probe name: result} of the question's probes on the solution with the wrong answer, as the kernel shows them:
+    the earlier answers the question uses are the solution's (USES), the run with the student's own is left out."""
+    setup, probes, ref = _probes(lab, question)
+    calls = [(p.name, p.expr) for p in probes]
+    shown = evaluate(_probe_namespace(lab, override), setup, calls, question_seed(SEED, question), ref, own=False)
+    return {r["name"]: r for r in json.loads(json.dumps(shown["results"]))}
+
+
+_hidden = Grouped(lambda case_id: _probe_values(BY_ID[case_id][0], BY_ID[case_id][1].question,
+                                                BY_ID[case_id][1].override))
+
+
+@functools.cache
+def _expected(lab, question):
+    return _probe_values(lab, question)
+
+
+def _numbers(value):
+    """Every number in a plain value (tensors' data included), as text of at least two significant characters."""
+    if isinstance(value, dict):
+        return set().union(*(_numbers(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_numbers(v) for v in value)) if value else set()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {text for text in (f"{value:.3g}", f"{value:.4g}", str(value)) if len(text.lstrip("-0.")) >= 2}
+    return set()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("lab, mistake", HIDDEN, ids=HIDDEN_IDS)
+def test_hidden_feedback_names_the_mistake_and_costs_only_its_question(lab, mistake, request):
+    # Only its question: the wrong answer redefines only that question's answers (and helpers of its own), and every
+    # other question's probes call them, if at all, through the solution's versions (USES; the isolation is proven
+    # in tests/grading/test_dependencies.py and, sandboxed, in tests/grading/test_self_grade.py).
+    solution = nbformat.read(importlib.import_module(f"tests.mistakes.{lab}").SOLUTION, as_version=4)
+    mine = set(reference.components(solution)[mistake.question]["globals"])
+    redefined = (set(mistake.override) if isinstance(mistake.override, dict)
+                 else {n.name for n in ast.parse(textwrap.dedent(mistake.override)).body
+                       if isinstance(n, (ast.FunctionDef, ast.ClassDef))})
+    assert {n for n in redefined - mine if not n.startswith("_")} == set(), f"{mistake.name} redefines other answers"
+    group = [i for i in selected_ids(request) if i in HIDDEN_IDS and BY_ID[i][1].question == mistake.question
+             and BY_ID[i][0] == lab]
+    values = _hidden.result(request.node.callspec.id, group)
+    _, probes, _ = _probes(lab, mistake.question)
+    expected = _expected(lab, mistake.question)
+    assert all("value" in r for r in expected.values()), f"the solution fails its probes: {expected}"
+    marks = score(probes, {mistake.question: expected}, {mistake.question: values}, {}, SEED)[mistake.question]
+    failed = [m for m in marks if m["earned"] < m["points"]]
+    assert failed, f"{mistake.question} {mistake.name}: the hidden tests give full marks"
+    first = failed[0]["message"]  # the first failed line of the question in the feedback
+    missing = [f for f in (mistake.hidden or mistake.first_line) if f not in first]
+    assert not missing, f"{mistake.question} {mistake.name}: the hidden feedback lacks {missing}: {first}"
+    tokens = set(re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", first))
+    leaked = tokens & _numbers([r["value"] for r in expected.values()])
+    assert not leaked, f"{mistake.question} {mistake.name}: the hidden feedback quotes right values {leaked}: {first}"

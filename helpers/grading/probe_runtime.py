@@ -132,11 +132,11 @@ def fill_missing(reference, namespace=None):
         namespace.update({name: ref[name] for name in missing})
 
 
-def evaluate(namespace, setup, calls, seed, reference=None):
+def evaluate(namespace, setup, calls, seed, reference=None, own=True):
     """{"results": [...], "own": [...] (with a reference only)}: the probes evaluated in namespace (run_probes).
 
     reference: the dict, or a list holding it, which is emptied here: no frame of the grader's then holds it while an
-    answer runs (an answer may walk the stack)."""
+    answer runs (an answer may walk the stack). own=False: no second run with the student's own answers (tests)."""
     namespace["_PROBE_SEED"] = seed
     if setup:
         exec(setup, namespace)  # noqa: S102 - instructor-written set-up code
@@ -149,6 +149,8 @@ def evaluate(namespace, setup, calls, seed, reference=None):
         shown = {"results": [{"name": name, **_evaluate(expr, namespace)} for name, expr in calls]}
     finally:
         _unbind(namespace, saved)
+    if not own:
+        return shown
     restore_machinery()
     if setup:
         exec(setup, namespace)  # noqa: S102 - afresh: a probe's cache (lab 10) would hold the reference's run

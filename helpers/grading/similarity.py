@@ -28,8 +28,8 @@ module compares every pair of a class's answers to one question, as MOSS does (S
 |           | normalisation), listed as such whatever the common filter says (`identical`) |
 | solution | every answer is also scored against the published solution's (solutions/NN's answer cells, which the |
 |          | grader keeps in a release), without the common filter: a class pasting it is listed (`against_solution`) |
-| cost | an answer is read up to MAX_ANSWER_CHARS characters, a notebook up to submissions.MAX_BYTES: tokens, |
-|      | fingerprints and comparisons cost time in proportion, so a hostile answer costs at most ~0.2 CPU-s |
+| cost | an answer is read up to MAX_ANSWER_CHARS characters (a hostile one of megabytes: ~0.2 CPU-s a question), |
+|      | a notebook's code cells by json.loads up to submissions.MAX_BYTES (50 MiB of cells: ~2 CPU-s) |
 
 The hash is blake2b, not Python's `hash()` (salted per process), so a class scores the same on every run.
 What it cannot see: an answer copied and then rewritten by hand, statement by statement; a wrong idea shared in

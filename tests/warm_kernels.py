@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -181,7 +182,7 @@ class WarmProvisioner(LocalProvisioner):
 
 
 def install_kernelspec():
-    """WARM_KERNEL in a kernels directory of our own, first on JUPYTER_PATH (inherited by the kernels too)."""
+    """WARM_KERNEL in a kernels directory of our own, first on JUPYTER_PATH (inherited by the kernels too); its path."""
     root = tempfile.mkdtemp(prefix="dp-kernels-")
     spec = pathlib.Path(root, "kernels", WARM_KERNEL)
     spec.mkdir(parents=True)
@@ -190,6 +191,7 @@ def install_kernelspec():
         "display_name": "Python 3 (forked from a warm zygote, tests only)", "language": "python",
         "metadata": {"kernel_provisioner": {"provisioner_name": PROVISIONER}}}))
     os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (root, os.environ.get("JUPYTER_PATH")) if p)
+    return root
 
 
 def register_provisioner():
@@ -198,6 +200,7 @@ def register_provisioner():
 
 
 _installed = False
+_kernelspec_dir = None
 
 
 def kernel_name():
@@ -206,12 +209,19 @@ def kernel_name():
 
 
 def pytest_configure(config):
-    global _installed
+    global _installed, _kernelspec_dir
     # Read by helpers.launch.preload_modules: in this process's forkserver (the check tests, test_mistakes) and in
     # the kernels' (forks of the zygote, which imports the same list).
     os.environ["DP_COURSE_PRELOAD"] = ",".join(RANK_IMPORTS)
-    install_kernelspec()
+    _kernelspec_dir = install_kernelspec()
     register_provisioner()
     _installed = True
     if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
         zygote()  # start importing now, while the first tests run
+
+
+def pytest_unconfigure(config):
+    # Each pytest process made one: without this, a session left hundreds in /tmp, and a hostile test's glob over
+    # /tmp (tests/grading/hostile.py FIND_SOLUTION) walks every one of them.
+    if _kernelspec_dir:
+        shutil.rmtree(_kernelspec_dir, ignore_errors=True)

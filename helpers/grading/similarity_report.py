@@ -36,15 +36,16 @@ what copying changes (comments, blank lines, spacing, line breaks, variable name
 before concluding anything: students who worked through the same chapter cell, a tutorial or office hours
 together write alike too, and a short answer has few ways to be right.
 
-How short and common answers are handled: an answer under {min_tokens} tokens (a one-line fix) is not compared,
-and a fingerprint ({k} consecutive tokens) found in the answers of more than {common} of the class's students
-(and of more than {common_min}) is taken as the common solution and ignored in the pairs (not in the two lists
-before them), so the answer most students find pairs no one. A pair is listed from a score of {flag:.2f}: the
-share of both answers' tokens inside fingerprints they share (1.00: the same answer token for token, with nothing
-in it the class has in common; one answer inside a much longer one scores lower). The median pair score of each question, below, is the class's baseline. What
-this cannot see: an answer copied and then rewritten by hand, a wrong idea shared in conversation, copying from
-outside the class but the published solution. An answer is read up to its first {max_chars:,} characters, several
-times the longest solution's: what a longer one holds beyond is not compared, and the answer is named below.
+How short and common answers are handled: an answer under {min_tokens} tokens (a one-line fix) is not compared, and
+a fingerprint ({k} consecutive tokens) found in the answers of more than {common} of the class's students (and of
+more than {common_min}) is taken as the common solution and ignored in the pairs (not in the two lists before them),
+so the answer most students find pairs no one. A pair is listed from a score of {flag:.2f}: the share of both
+answers' tokens inside fingerprints they share (1.00: the same answer token for token, with nothing in it the class
+has in common; one answer inside a much longer one scores lower). The median pair score of each question, below, is
+the class's baseline. What this cannot see: an answer copied and then rewritten by hand, a wrong idea shared in
+conversation, copying from outside the class but the published solution. An answer is read up to its first
+{max_chars:,} characters, several times the longest solution's: what a longer one holds beyond is not compared, and
+the answer is named below.
 """
 
 

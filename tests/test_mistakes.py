@@ -69,7 +69,7 @@ def test_first_line_names_the_mistake_and_the_fix(lab, mistake, request):
 
 # --- the hidden tests (issue 28, part 2): the grader's feedback teaches as the public check does ---------------------
 # The labs whose probes run the public checks' rank functions and whose judges diagnose with the checks' own rules.
-HIDDEN_LABS = ("lab03",)
+HIDDEN_LABS = ("lab03", "lab04")
 HIDDEN = [(lab, m) for lab, m in CASES if lab in HIDDEN_LABS]
 HIDDEN_IDS = [f"{lab} {m.question} {m.name}" for lab, m in HIDDEN]
 SEED = 2026  # the grading run's secret seed, here fixed: each question's own is derived from it
@@ -90,12 +90,12 @@ def _probe_namespace(lab, override=""):
     return lab_solution.namespace(path, lambda _: True, override, transform=lambda _, cell: reference.kept(cell))
 
 
-def _probe_values(lab, question, override=""):
+def _probe_values(lab, question, override="", seed=SEED):
     """{probe name: result} of the question's probes on the solution with the wrong answer, as the kernel shows them:
     the earlier answers the question uses are the solution's (USES), the run with the student's own is left out."""
     setup, probes, ref = _probes(lab, question)
     calls = [(p.name, p.expr) for p in probes]
-    shown = evaluate(_probe_namespace(lab, override), setup, calls, question_seed(SEED, question), ref, own=False)
+    shown = evaluate(_probe_namespace(lab, override), setup, calls, question_seed(seed, question), ref, own=False)
     return {r["name"]: r for r in json.loads(json.dumps(shown["results"]))}
 
 
@@ -104,8 +104,15 @@ _hidden = Grouped(lambda case_id: _probe_values(BY_ID[case_id][0], BY_ID[case_id
 
 
 @functools.cache
-def _expected(lab, question):
-    return _probe_values(lab, question)
+def _expected(lab, question, seed=SEED):
+    return _probe_values(lab, question, seed=seed)
+
+
+def _secret_numbers(lab, question):
+    """The numbers of the solution's values that the secret inputs decide: in its values for SEED, not for another
+    seed (a bucket's bytes, a world size are the same for every seed: the check's own inputs, public)."""
+    other = _numbers([r.get("value") for r in _expected(lab, question, SEED + 1).values()])
+    return _numbers([r["value"] for r in _expected(lab, question).values()]) - other
 
 
 def _numbers(value):
@@ -144,5 +151,5 @@ def test_hidden_feedback_names_the_mistake_and_costs_only_its_question(lab, mist
     missing = [f for f in (mistake.hidden or mistake.first_line) if f not in first]
     assert not missing, f"{mistake.question} {mistake.name}: the hidden feedback lacks {missing}: {first}"
     tokens = set(re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", first))
-    leaked = tokens & _numbers([r["value"] for r in expected.values()])
+    leaked = tokens & _secret_numbers(lab, mistake.question)
     assert not leaked, f"{mistake.question} {mistake.name}: the hidden feedback quotes right values {leaked}: {first}"

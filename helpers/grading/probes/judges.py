@@ -106,12 +106,12 @@ def at_most(key, limit, what):
     return rule
 
 
-def diagnosed(diagnose, *, rtol=1e-5, atol=1e-6):
+def diagnosed(diagnose, *, rtol=1e-5, atol=1e-6, skip=()):
     """A judge: the value equals the solution's (what is scored); one that does not is diagnosed by the public
     check's own rule, diagnose(expected, actual, seed) -> the mistake and its fix or None, so the feedback names the
     mistake the check names. The rule reads the solution's value only for the inputs (the calls' arguments)."""
     def judge(expected, actual, seed):
-        ok, message = compare(expected, actual, rtol, atol)
+        ok, message = compare(_without(expected, skip), _without(actual, skip), rtol, atol)
         if ok:
             return True, ""
         try:
@@ -120,3 +120,32 @@ def diagnosed(diagnose, *, rtol=1e-5, atol=1e-6):
             why = None  # a value of another shape than the check's run gives: the comparison says so
         return False, why or message
     return judge
+
+
+def _failure(check, actual, seed):
+    """The first line of the check's AssertionError on the value, or None when every assertion holds."""
+    from helpers.grading.plain import from_plain
+
+    try:
+        check(from_plain(actual), seed)
+    except AssertionError as exc:
+        return (str(exc).strip().splitlines() or ["failed"])[0]
+    return None
+
+
+def checked(check):
+    """A judge by the public check's own assertions: check(value, seed) raises the check's AssertionError (the
+    mistake, its fix) or returns; the value is what the check's rank function returned on the secret inputs. Only
+    for checks whose references the grader computes from the seed (not a run on the student's ranks, which the
+    student controls): a value memorised for another seed fails them. The feedback is the message's first line."""
+    def judge(expected, actual, seed):
+        why = _failure(check, actual, seed)
+        return (False, why) if why else (True, "")
+    return judge
+
+
+def equal_and_checked(check, rtol=1e-5, atol=1e-6, skip=()):
+    """A judge: the value without `skip` equals the solution's for the same seed (the score: a check's run may hold
+    references computed on the student's ranks, torch DDP's say), and a value that does not is diagnosed by the
+    check's own assertions (checked)."""
+    return diagnosed(lambda expected, actual, seed: _failure(check, actual, seed), rtol=rtol, atol=atol, skip=skip)

@@ -1,4 +1,8 @@
-"""Shared pieces of lab 04's checks: the MLP, its data, torch's buckets, run_on_ranks, diagnose."""
+"""Shared pieces of lab 04's checks: the MLP, its data, torch's buckets, run_on_ranks, diagnose.
+
+The rank functions and the assertions take an `offset` (0 here): the grader's hidden tests run the same rank functions
+with an offset from their secret seed (other initial weights and data) and judge their reports with the same
+assertions (helpers/grading/probes/lab04.py), so the feedback says what the check says."""
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -28,9 +32,9 @@ def make_model(seed):
     return nn.Sequential(*layers[:-1])
 
 
-def rank_batch(step, rank):
-    """(x, y) of a rank at a step: different on every rank and at every step."""
-    generator = torch.Generator().manual_seed(1000 * step + rank)
+def rank_batch(step, rank, offset=0):
+    """(x, y) of a rank at a step: different on every rank and at every step (offset: the grader's secret inputs)."""
+    generator = torch.Generator().manual_seed(1000 * step + rank + 100_003 * offset)
     return torch.randn(BATCH, LAYERS[0], generator=generator), torch.randn(BATCH, LAYERS[-1], generator=generator)
 
 
@@ -71,10 +75,10 @@ def run_on_ranks(fn, world_size, args, what):
         raise AssertionError(f"{what} at world size {world_size}: a rank raised: {exc}") from None
 
 
-def local_grads(params_model, step, rank):
+def local_grads(params_model, step, rank, offset=0):
     """Gradients of one rank's loss at a step (no communication), for the model's current parameters."""
     params_model.zero_grad(set_to_none=True)
-    x, y = rank_batch(step, rank)
+    x, y = rank_batch(step, rank, offset)
     F.mse_loss(params_model(x), y).backward()
     return [p.grad.clone() for p in params_model.parameters()]
 

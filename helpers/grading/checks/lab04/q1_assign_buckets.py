@@ -37,6 +37,14 @@ def _wrong_assignments(params, cap):
             "(so a bucket may exceed the cap by part of one tensor)": strict}
 
 
+def diagnose(got, params, cap):
+    """The mistake an assignment that is not torch's shows, and its fix, or None (the grader says it too)."""
+    wrong = next((f"You {name}." for name, wrong in _wrong_assignments(params, cap).items() if got == wrong), None)
+    if not wrong and sorted(map(sorted, got)) == sorted(map(sorted, torch_buckets(params, cap))):
+        wrong = "Same buckets, another order: list buckets and the indices inside them in gradient-arrival order."
+    return wrong
+
+
 @public_check("4.1")
 def same_buckets_as_torch(ns):
     fn = answer(ns, "assign_buckets")
@@ -49,9 +57,8 @@ def same_buckets_as_torch(ns):
             raise AssertionError(f"{label}: expected a list of lists of parameter indices, got {got!r}") from None
         if got == expected:
             continue
-        hint = next((f" You {name}." for name, wrong in _wrong_assignments(params, cap).items() if got == wrong), "")
-        if not hint and sorted(map(sorted, got)) == sorted(map(sorted, expected)):
-            hint = " Same buckets, another order: list buckets and the indices inside them in gradient-arrival order."
+        hint = diagnose(got, params, cap)
+        hint = f" {hint}" if hint else ""
         raise AssertionError(f"{label} (sizes {[nbytes(p) for p in params]} bytes): expected {expected} "
                              f"(torch's _compute_bucket_assignment_by_size), got {got}.{hint}")
 

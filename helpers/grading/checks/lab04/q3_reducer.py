@@ -25,15 +25,15 @@ from helpers.grading.registry import answer, public_check
 
 
 # ------------------------------------------------------------------------------------------------ question 4.3
-def _on_ranks_reducer(Reducer, steps, slow_rank_s):
+def _on_ranks_reducer(Reducer, steps, slow_rank_s, offset=0):
     """A Reducer on the MLP (different initial weights per rank); per step: calls, starts vs backward, gradients."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    model = make_model(100 + rank)
+    model = make_model(100 + rank + 10 * offset)
     reducer = Reducer(model, CAP_MB)  # broadcasts rank 0's parameters (given code)
     report = []
     for step in range(steps):
         model.zero_grad(set_to_none=True)
-        x, y = rank_batch(step, rank)
+        x, y = rank_batch(step, rank, offset)
         with CommLedger() as ledger:
             loss = F.mse_loss(model(x), y)
             if slow_rank_s and rank == n - 1:
@@ -50,8 +50,8 @@ def _on_ranks_reducer(Reducer, steps, slow_rank_s):
     return report
 
 
-def _check_reducer_report(report, world_size, ranks_to_check):
-    model = make_model(100)  # rank 0's weights, which the Reducer broadcast
+def _check_reducer_report(report, world_size, ranks_to_check, offset=0):
+    model = make_model(100 + 10 * offset)  # rank 0's weights, which the Reducer broadcast
     n_buckets = len(MLP_BUCKETS)
     params = flat([p.detach() for p in model.parameters()])
     where = f"world size {world_size}, the lab MLP with bucket_cap_mb = {CAP_BYTES} B / 2**20 ({n_buckets} buckets)"
@@ -61,7 +61,7 @@ def _check_reducer_report(report, world_size, ranks_to_check):
             assert not r["others"], f"{at}: during the step the Reducer also issued {r['others']}; only all-reduces"
             missing = [i for i, g in enumerate(r["grads"]) if g is None]
             assert not missing, f"{at}: p.grad is None for parameters {missing} after finalize()"
-            per_param = [local_grads(model, step, q) for q in range(world_size)]
+            per_param = [local_grads(model, step, q, offset) for q in range(world_size)]
             local = [flat(grads) for grads in per_param]
             mean = sum(local) / world_size
             got = flat(r["grads"])

@@ -41,11 +41,11 @@ class _Scaled(nn.Module):
         return scale * self.linear(x)
 
 
-def _shape(BucketedDDP, rank):
+def _shape(BucketedDDP, rank, offset=0):
     """What wrapping does: the attributes torch DDP has, rank 0's start, the module's output, no collective."""
-    model = make_model(100 + rank)
+    model = make_model(100 + rank + 10 * offset)
     ddp = BucketedDDP(model, CAP_MB)
-    x, _ = rank_batch(0, rank)
+    x, _ = rank_batch(0, rank, offset)
     with CommLedger() as ledger, torch.no_grad():
         same_output = torch.equal(ddp(x), model(x))
     torch.manual_seed(rank)
@@ -60,10 +60,10 @@ def _shape(BucketedDDP, rank):
             "same_kwargs": same_kwargs, "forward_ops": sorted({r.op for r in ledger.records})}
 
 
-def _refusal(BucketedDDP, rank):
+def _refusal(BucketedDDP, rank, offset=0):
     """forward, backward, forward again without finish_gradient_synchronization(): what the second forward did."""
-    ddp = BucketedDDP(make_model(100 + rank), CAP_MB)
-    x, y = rank_batch(0, rank)
+    ddp = BucketedDDP(make_model(100 + rank + 10 * offset), CAP_MB)
+    x, y = rank_batch(0, rank, offset)
     F.mse_loss(ddp(x), y).backward()
     out = {"refused": None, "message": "", "after_finish": None}
     try:
@@ -79,27 +79,27 @@ def _refusal(BucketedDDP, rank):
     return out
 
 
-def one_process(steps, lr, world_size):
+def one_process(steps, lr, world_size, offset=0):
     """SGD on one process over every rank's batch at once: the mean of equal batches' losses is DDP's objective."""
-    model = make_model(100)
+    model = make_model(100 + 10 * offset)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     for step in range(steps):
-        x, y = (torch.cat(parts) for parts in zip(*(rank_batch(step, r) for r in range(world_size))))
+        x, y = (torch.cat(parts) for parts in zip(*(rank_batch(step, r, offset) for r in range(world_size))))
         optimizer.zero_grad(set_to_none=True)
         F.mse_loss(model(x), y).backward()
         optimizer.step()
     return flat([p.detach() for p in model.parameters()])
 
 
-def _train(BucketedDDP, rank, steps, lr):
+def _train(BucketedDDP, rank, steps, lr, offset=0):
     """The user's loop around the wrapper and around torch DDP, on this rank's batches; the final parameters."""
     from torch.nn.parallel import DistributedDataParallel
 
-    batches = [rank_batch(step, rank) for step in range(steps)]
+    batches = [rank_batch(step, rank, offset) for step in range(steps)]
     results = {}
     for name, wrap in (("ours", lambda m: BucketedDDP(m, CAP_MB)),
                        ("torch", lambda m: DistributedDataParallel(m, bucket_cap_mb=CAP_MB))):
-        model = make_model(100 + rank)  # different initial weights: the constructor must broadcast rank 0's
+        model = make_model(100 + rank + 10 * offset)  # different initial weights: the constructor must broadcast
         ddp = wrap(model)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
         with CommLedger() as ledger:
@@ -112,15 +112,16 @@ def _train(BucketedDDP, rank, steps, lr):
         results[name] = {"params": flat([p.detach() for p in model.parameters()]),
                          "all_reduces": sum(r.op == "all_reduce" for r in ledger.records)}
     if rank == 0:  # here, not in the kernel: torch.optim's first use imports torch._dynamo (5-10 s), preloaded here
-        results["one_process"] = one_process(steps, lr, dist.get_world_size())
+        results["one_process"] = one_process(steps, lr, dist.get_world_size(), offset)
     return results
 
 
 
-def _on_ranks(BucketedDDP, steps, lr):
+def _on_ranks(BucketedDDP, steps, lr, offset=0):
     rank = dist.get_rank()
-    return {"shape": part_or_error(_shape, BucketedDDP, rank), "refusal": part_or_error(_refusal, BucketedDDP, rank),
-            "train": part_or_error(_train, BucketedDDP, rank, steps, lr)}
+    return {"shape": part_or_error(_shape, BucketedDDP, rank, offset),
+            "refusal": part_or_error(_refusal, BucketedDDP, rank, offset),
+            "train": part_or_error(_train, BucketedDDP, rank, steps, lr, offset)}
 
 
 def _results(ns):
@@ -134,9 +135,12 @@ def _results(ns):
 # ------------------------------------------------------------------------------------------------ question 4.5
 @public_check("4.5")
 def wraps_the_model_as_torch_ddp_does(ns):
-    reports = _results(ns)
+    check_wraps(_results(ns))
+
+
+def check_wraps(reports, offset=0):
     expected_keys = ["module." + key for key in make_model(0).state_dict()]
-    start = flat([p.detach() for p in make_model(100).parameters()])
+    start = flat([p.detach() for p in make_model(100 + 10 * offset).parameters()])
     for rank, report in enumerate(reports):
         shape, at = report["shape"], f"{WORLD_SIZE} ranks, rank {rank}"
         assert "error" not in shape, f"{at}: building BucketedDDP(model) and calling it raised {shape.get('error')}"
@@ -159,7 +163,11 @@ def wraps_the_model_as_torch_ddp_does(ns):
 
 @public_check("4.5")
 def refuses_a_step_begun_before_the_last_was_synchronized(ns):
-    for rank, report in enumerate(_results(ns)):
+    check_refuses(_results(ns))
+
+
+def check_refuses(reports, offset=0):
+    for rank, report in enumerate(reports):
         refusal, at = report["refusal"], f"{WORLD_SIZE} ranks, rank {rank}"
         assert "error" not in refusal, (
             f"{at}: forward, backward, forward (refused?), finish_gradient_synchronization() raised "
@@ -183,8 +191,11 @@ def refuses_a_step_begun_before_the_last_was_synchronized(ns):
 @public_check("4.5")
 def trains_like_torch_ddp_and_one_process(ns):
     steps, lr, tol = int(ns.get("STEPS", STEPS)), float(ns.get("LR", LR)), float(ns.get("TOL", TOL))
+    check_trains(_results(ns), steps, lr, tol)
+
+
+def check_trains(reports, steps, lr, tol, offset=0):
     n_buckets = len(MLP_BUCKETS)
-    reports = _results(ns)
     where = f"{WORLD_SIZE} ranks with different data, {steps} SGD steps (lr {lr}) through BucketedDDP"
     error = reports[0]["train"].get("error")
     assert not error, f"{where}: the loop raised {error}" + (

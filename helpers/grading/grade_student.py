@@ -66,8 +66,10 @@ def score(probes, expected, values, sources, seed, secrets=()):
             mark["message"] = unread
         elif got is None:
             mark["message"] = "did not run (an earlier cell failed, timed out or killed the kernel)"
-        elif "error" in got and got.get("run_failed") and probe.hint:  # a hang, a dead rank: the check's hint
-            mark["message"] = f"the ranks did not finish together: {probe.hint.strip()}"
+        elif "error" in got and (got.get("run_failed") and probe.hint or _meaning(probe, got["error"])):
+            # a hang, a dead rank, an error the check explains: what the public check says of it
+            said = _meaning(probe, got["error"]) or probe.hint
+            mark["message"] = f"the ranks did not finish together: {said.strip()}"
         elif "error" in got:  # the student's own text (an exception's name and message): quoted in the feedback
             mark.update(message=str(got["error"])[:MESSAGE_CHARS], quoted=not got.get("grader"))
             if mark["quoted"] and leaked_lines(mark["message"], *secrets):
@@ -82,6 +84,11 @@ def score(probes, expected, values, sources, seed, secrets=()):
                 answer_source=sources.get(probe.question, ""), seed=seed)[0]
         marks.setdefault(probe.question, []).append(mark)
     return marks
+
+
+def _meaning(probe, error):
+    """What the public check says of this error (Probe.errors), or None."""
+    return next((meaning for text, meaning in probe.errors if text in str(error)), None)
 
 
 def zero_marks(probes, message):

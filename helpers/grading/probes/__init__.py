@@ -55,6 +55,9 @@ class Probe:
     # What a run of the ranks that did not finish (a hang, a dead rank) says first: the public check's hint for the
     # same run, e.g. "every rank must call dist.broadcast ...". The launcher's report itself is not repeated.
     hint: str = ""
+    # ((text in the error, what it means), ...): an error the public check turns into a hint (torch's size error of an
+    # unpadded shard: "the shard is not padded ..."); said as the check says it, instead of the error.
+    errors: tuple = ()
 
     def grade(self, expected, actual, *, answer_source="", seed=0):
         """(passed, message): actual against the solution's value, in the grader's process.

@@ -149,3 +149,55 @@ def equal_and_checked(check, rtol=1e-5, atol=1e-6, skip=()):
     references computed on the student's ranks, torch DDP's say), and a value that does not is diagnosed by the
     check's own assertions (checked)."""
     return diagnosed(lambda expected, actual, seed: _failure(check, actual, seed), rtol=rtol, atol=atol, skip=skip)
+
+
+def _rows_as_tuples(value):
+    """JSON's lists back to the tuples a check compares with: a ledger row ["all_gather", 48] is ("all_gather", 48)."""
+    if isinstance(value, dict):
+        return {k: _rows_as_tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and isinstance(value[0], str) and all(isinstance(v, (int, float)) for v in value[1:]) \
+                and len(value) > 1:
+            return tuple(value)
+        return [_rows_as_tuples(v) for v in value]
+    return value
+
+
+def by_public_checks(question, results, offset, names=(), skip=(), rtol=1e-5, atol=1e-6):
+    """A judge by the question's public checks themselves, run in the grader on the value: results = (module, name) of
+    the function the checks get their ranks' results from, answered by the value while they run; offset = (module,
+    modulo): the check module's OFFSET, set from the question's seed so that the checks' references are the probe's
+    inputs'. The value passes when no check fails and, without `skip` (what differs between two right answers: ids,
+    a message's words), it equals the solution's (the checks may compare with references computed on the student's
+    ranks, which the student controls). The first check that fails says the feedback's line, as check()'s first
+    failed line does."""
+    from helpers.grading.plain import from_plain
+    from helpers.grading.registry import checks_for
+
+    module, name = results
+    common, modulo = offset
+
+    def first_failure(actual, seed):
+        value = _rows_as_tuples(from_plain(actual))
+        original, original_offset = getattr(module, name), common.OFFSET
+        setattr(module, name, lambda *args, **kwargs: value)
+        common.OFFSET = seed % modulo
+        try:
+            for _, check in checks_for(question):
+                try:
+                    check({n: None for n in names})
+                except AssertionError as exc:
+                    return (str(exc).strip().splitlines() or ["failed"])[0]
+                except Exception:  # noqa: BLE001, S112 - a check that calls the answer itself: not this value's
+                    continue
+        finally:
+            setattr(module, name, original)
+            common.OFFSET = original_offset
+        return None
+
+    def judge(expected, actual, seed):
+        why = first_failure(actual, seed)
+        if why:
+            return False, why
+        return compare(_without(expected, skip), _without(actual, skip), rtol, atol)
+    return judge

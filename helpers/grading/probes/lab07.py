@@ -1,111 +1,109 @@
-"""Hidden tests of lab 07 (ZeRO-1 and ZeRO-2). Public in this repository: see the README."""
+"""Hidden tests of lab 07 (ZeRO-1 and ZeRO-2). Public in this repository: see the README.
+
+7.2 to 7.5 run the public checks' own rank functions with the checks' OFFSET set from the question's secret seed
+(other parameters, data and gradients), and 7.1 calls shard_range on secret sizes. A value that is not the solution's
+is diagnosed by the question's public checks themselves, run in the grader on that value (judges.by_public_checks; 7.1
+by the check's rule, q1._diagnose), so the feedback says what the check says.
+"""
 import dataclasses
 
+from helpers.grading.checks.lab07 import common
+from helpers.grading.checks.lab07 import q1_shard_range as q1
+from helpers.grading.checks.lab07 import q2_zero_adamw_step as q2
+from helpers.grading.checks.lab07 import q3_reduce_scatter_gradients as q3
+from helpers.grading.checks.lab07 import q4_train_zero2 as q4
+from helpers.grading.checks.lab07 import q5_zero_adamw as q5
 from helpers.grading.probes import Probe
+from helpers.grading.probes.judges import by_public_checks, diagnosed
 
-SETUP = '''
-import math as _probe_math
-import torch as _probe_torch
-import torch.distributed as _probe_dist
+OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
+
+SETUP = f'''
 from helpers.grading.shared_run import launch_gloo as _probe_launch
-from helpers.comm import CommLedger as _probe_Ledger
+from helpers.grading.checks.lab07 import (q2_zero_adamw_step as _probe_q2, q3_reduce_scatter_gradients as _probe_q3,
+                                          q4_train_zero2 as _probe_q4, q5_zero_adamw as _probe_q5)
 
-def _probe_params(sizes, seed):
-    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + seed)
-    return [_probe_torch.nn.Parameter(0.3 * _probe_torch.randn(n, generator=g)) for n in sizes]
+_probe_offset = _PROBE_SEED % {OFFSETS}
 
-def _probe_step(sizes, lr, weight_decay, steps):
-    rank, n = _probe_dist.get_rank(), _probe_dist.get_world_size()
-    params = _probe_params(sizes, 11)
-    numel = sum(sizes)
-    s = _probe_math.ceil(numel / n)
-    state = {"step": 0, "exp_avg": _probe_torch.zeros(s), "exp_avg_sq": _probe_torch.zeros(s)}
-    for step in range(steps):
-        g = _probe_torch.randn(s * n, generator=_probe_torch.Generator().manual_seed(_PROBE_SEED + 60 + step))
-        g[numel:] = 0                                   # the padding's gradient is zero
-        zero_adamw_step(params, g.view(n, s)[rank].clone(), state, lr=lr, weight_decay=weight_decay)
-    return {"params": [p.detach() for p in params], "exp_avg": state["exp_avg"],
-            "exp_avg_sq": state["exp_avg_sq"], "step": state["step"]}
 
-def _probe_reduce(none_rank):
-    rank = _probe_dist.get_rank()
-    params = _probe_params((7, 3, 5), 12)
-    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 70 + rank)
-    for p in params:
-        p.grad = _probe_torch.randn(p.shape, generator=g)
-    if rank == none_rank:
-        params[1].grad = None                           # unused on this rank: counts as zeros
-    shard = reduce_scatter_gradients(params)
-    return {"shard": shard, "freed": all(p.grad is None for p in params)}
+def _probe_at_offset(offset, fn, *args):
+    """On a rank: fn(*args) with the checks' OFFSET set (their models, data and gradients move with it)."""
+    from helpers.grading.checks.lab07 import common
+    common.OFFSET = offset
+    try:
+        return fn(*args)
+    finally:
+        common.OFFSET = 0
 
-def _probe_train(steps):
-    rank = _probe_dist.get_rank()
-    _probe_torch.manual_seed(_PROBE_SEED + 8)
-    nn = _probe_torch.nn
-    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3), nn.Tanh(), nn.Linear(3, 1))
-    model[2].requires_grad_(False)                      # a frozen middle layer
-    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 80 + rank)
-    xs = [_probe_torch.randn(2 + rank, 4, generator=g) for _ in range(steps)]
-    batches = [(x, _probe_torch.sin(x.sum(dim=1, keepdim=True))) for x in xs]
-    with _probe_Ledger() as ledger:
-        state = train_zero2(model, batches, lr=0.03, weight_decay=0.05)
-    return {"params": [p.detach() for p in model.parameters()], "ops": [r.op for r in ledger.records],
-            "exp_avg": state["exp_avg"]}
 
-def _probe_optimizer(steps):
-    """ZeroAdamW over two groups (a frozen tensor in one), the lr changed through param_groups after one step."""
-    rank = _probe_dist.get_rank()
-    _probe_torch.manual_seed(_PROBE_SEED + 9)
-    nn = _probe_torch.nn
-    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
-    model[2].bias.requires_grad_(False)
-    groups = [{"params": [model[0].weight, model[2].weight], "weight_decay": 0.05},
-              {"params": [model[0].bias, model[2].bias], "lr": 0.02, "weight_decay": 0.0}]
-    optimizer = ZeroAdamW(groups, lr=0.01, betas=(0.85, 0.99))
-    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + 90 + rank)
-    with _probe_Ledger() as ledger:
-        for step in range(steps):
-            if step == 1:
-                for group in optimizer.param_groups:
-                    group["lr"] *= 0.3
-            x = _probe_torch.randn(3, 3, generator=g)
-            optimizer.zero_grad()
-            _probe_torch.nn.functional.mse_loss(model(x), _probe_torch.sin(x[:, :2])).backward()
-            optimizer.step()
-    state = [t.numel() for value in optimizer.state.values() for t in value.values()
-             if isinstance(t, _probe_torch.Tensor)]
-    return {"params": [p.detach() for p in model.parameters()], "ops": [r.op for r in ledger.records],
-            "groups": [[group[k] for k in ("lr", "betas", "eps", "weight_decay")] for group in optimizer.param_groups],
-            "state_elements": sorted(state)}
+def _probe_run(fn, answer):
+    return _probe_launch(_probe_at_offset, 3, args=(_probe_offset, fn, answer), hang_timeout=20)
+
+
+def _probe_ranges(cases):
+    """Each call's (numel, rank, world_size) and the (start, stop, pad) it returned."""
+    return [{{"args": [n, r, w], "got": list(shard_range(n, r, w))}} for n, w in cases for r in range(w)]
+
+
+def _probe_ranks(numel, world_size):
+    refused = []
+    for rank in (world_size, -1):
+        try:
+            shard_range(numel, rank, world_size)
+            refused.append("returned")
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            refused.append(type(exc).__name__)
+    return {{"refused": refused, "last rank": list(shard_range(numel, world_size - 1, world_size))}}
 '''
 
+
+def _ranges(expected, actual, seed):
+    for want, mine in zip(expected, actual):
+        if mine["got"] != want["got"]:
+            why = q1._diagnose(*want["args"], tuple(int(v) for v in mine["got"]))
+            if why:
+                return why
+    return None
+
+
+def _ranks(expected, actual, seed):
+    return f"shard_range with a rank outside 0 .. world_size - 1 {q1.RANK_REFUSED}" \
+        if actual["refused"] != expected["refused"] else None
+
+
+def _checks(question, module, name, answer, skip=()):
+    return by_public_checks(question, (module, name), (common, OFFSETS), names=(answer,), skip=skip)
+
+
 PROBES = [
-    Probe("7.1", "17-23 elements on 5 ranks", "[list(shard_range(17 + _PROBE_SEED % 7, r, 5)) for r in range(5)]"),
+    Probe("7.1", "17-23 elements on 5 ranks", "_probe_ranges([(17 + _PROBE_SEED % 7, 5)])",
+          judge=diagnosed(_ranges)),
     Probe("7.1", "fewer elements than ranks, 4 to 8 ranks (ranks with only padding)",
-          "[list(shard_range(1 + _PROBE_SEED // 5 % (3 + _PROBE_SEED % 5), r, 4 + _PROBE_SEED % 5)) "
-          "for r in range(4 + _PROBE_SEED % 5)]"),
+          "_probe_ranges([(1 + _PROBE_SEED % 3, 5 + _PROBE_SEED // 3 % 4)])",
+          judge=diagnosed(_ranges)),
     Probe("7.1", "100-149 elements on 7 ranks, and 1 element on 1 rank",
-          "[list(shard_range(100 + _PROBE_SEED % 50, r, 7)) for r in range(7)] + [list(shard_range(1, 0, 1))]"),
-    Probe("7.2", "2 ranks, 13 parameters, 3 steps",
-          "_probe_launch(_probe_step, 2, args=((6, 7), 0.05, 0.1, 3), hang_timeout=10)", points=2),
-    Probe("7.2", "3 ranks, 11 parameters, no weight decay",
-          "_probe_launch(_probe_step, 3, args=((4, 4, 3), 0.1, 0.0, 2), hang_timeout=10)", points=2),
-    Probe("7.2", "4 ranks, 9 parameters (rank 3 holds only padding)",
-          "_probe_launch(_probe_step, 4, args=((5, 4), 0.02, 0.2, 3), hang_timeout=10)", points=2),
-    Probe("7.3", "4 ranks, a missing gradient on rank 0", "_probe_launch(_probe_reduce, 4, args=(0,), hang_timeout=10)",
-          points=2),
-    Probe("7.3", "3 ranks, a missing gradient on rank 2", "_probe_launch(_probe_reduce, 3, args=(2,), hang_timeout=10)",
-          points=2),
-    Probe("7.4", "3 ranks, a frozen middle layer, 3 steps",
-          "_probe_launch(_probe_train, 3, args=(3,), hang_timeout=20)",
-          points=3),
-    Probe("7.4", "2 ranks, 2 steps", "_probe_launch(_probe_train, 2, args=(2,), hang_timeout=20)", points=2),
-    Probe("7.5", "4 ranks, two groups, the lr changed after one step (rank 3 holds only padding of a group)",
-          "_probe_launch(_probe_optimizer, 4, args=(3,), hang_timeout=20)", points=2),
-    Probe("7.5", "2 ranks, two groups, 2 steps", "_probe_launch(_probe_optimizer, 2, args=(2,), hang_timeout=20)"),
+          "_probe_ranges([(100 + _PROBE_SEED % 50, 7), (1, 1)])", judge=diagnosed(_ranges)),
+    Probe("7.1", "ranks world_size and -1 refused, 3-5 ranks",
+          "_probe_ranks(10 + _PROBE_SEED % 11, 3 + _PROBE_SEED % 3)", judge=diagnosed(_ranks)),
+    Probe("7.2", "3 ranks: 34 and 4 parameters (a rank with only padding), 3 steps each",
+          "_probe_run(_probe_q2._step_on_rank, zero_adamw_step)", points=6,
+          judge=_checks("7.2", q2, "_step_results", "zero_adamw_step"), hint=q2.HINT,
+          errors=((q2.SIZE_ERROR, q2.UNPADDED),)),
+    Probe("7.3", "3 ranks, a gradient missing on rank 1", "_probe_run(_probe_q3._reduce_on_rank, "
+          "reduce_scatter_gradients)", points=4,
+          judge=_checks("7.3", q3, "_reduce_results", "reduce_scatter_gradients"), hint=q3.HINT,
+          errors=((q3.SIZE_ERROR, q3.UNPADDED),)),
+    Probe("7.4", "3 ranks, a frozen first layer, 4 steps, next to torch DDP + AdamW",
+          "_probe_run(_probe_q4._train_on_rank, train_zero2)", points=5,
+          judge=_checks("7.4", q4, "_training_results", "train_zero2"), hint=q4.HINT),
+    Probe("7.5", "3 ranks, two groups and a frozen layer, the lr changed after 2 steps, next to torch AdamW",
+          "_probe_run(_probe_q5._train_on_rank, ZeroAdamW)", points=3,
+          judge=_checks("7.5", q5, "_results", "ZeroAdamW", skip=("shape",)),  # its ids differ from run to run
+          hint=q5.HINT),
 ]
 
-# Using PyTorch's ZeRO scores 0 on the questions that rebuild it; 7.5 wraps the 7.2 step, not torch's Adam.
 _FORBIDDEN = ("ZeroRedundancyOptimizer",)
 _FORBIDDEN_7_5 = _FORBIDDEN + ("Adam", "AdamW", "adam", "adamw")
 PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN_7_5 if p.question == "7.5" else _FORBIDDEN) for p in PROBES]

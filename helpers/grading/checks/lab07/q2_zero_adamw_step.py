@@ -6,6 +6,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from helpers.comm import CommLedger
+from helpers.grading.checks.lab07 import common
 from helpers.grading.checks.lab07.common import (
     TOL,
     WORLD_SIZE,
@@ -27,13 +28,13 @@ CASES_7_2 = {"model": ([(4, 5), (4,), (2, 4), (2,)], 0.05, 0.1), "tiny": ([(3,),
 
 
 def _params_7_2(shapes):
-    generator = torch.Generator().manual_seed(7)
+    generator = torch.Generator().manual_seed(7 + common.OFFSET)
     return [nn.Parameter(0.5 * torch.randn(shape, generator=generator)) for shape in shapes]
 
 
 def _mean_gradient_7_2(numel, step):
     """The mean gradient of step `step`: the same on every rank (as after averaging)."""
-    return torch.randn(numel, generator=torch.Generator().manual_seed(100 + step))
+    return torch.randn(numel, generator=torch.Generator().manual_seed(100 + step + 10 * common.OFFSET))
 
 
 def _step_on_rank(step_fn):
@@ -127,15 +128,19 @@ def _diagnose(history, case):
     return ""
 
 
+# What a run that did not finish says first, and torch's error of an unpadded shard with what it means (the grader's
+# hidden test says them too).
+HINT = "Every rank must call exactly one dist.all_gather_single per step, with equal-sized shards. "
+# the shard and the state (or the gathered buffer) differ in size: the shard lacks its padding
+SIZE_ERROR = "must match the size of tensor"
+UNPADDED = ("a shard and the state have different sizes: the shard is not padded. Append this rank's `pad` zeros "
+            "(shard_range) so that every shard, and every rank's input to dist.all_gather_single, has "
+            "s = ceil(numel / world_size) elements. ")
+
+
 def _step_results(ns):
     fn = answer(ns, "zero_adamw_step")
-    hint = "Every rank must call exactly one dist.all_gather_single per step, with equal-sized shards. "
-
-    # the shard and the state (or the gathered buffer) differ in size: the shard lacks its padding
-    return _shared_launch("7.2", definitions(ns), fn, _step_on_rank, hint, "must match the size of tensor",
-                          "a shard and the state have different sizes: the shard is not padded. Append this rank's "
-                          "`pad` zeros (shard_range) so that every shard, and every rank's input to "
-                          "dist.all_gather_single, has s = ceil(numel / world_size) elements. ")
+    return _shared_launch("7.2", definitions(ns), fn, _step_on_rank, HINT, SIZE_ERROR, UNPADDED)
 
 
 @public_check("7.2")

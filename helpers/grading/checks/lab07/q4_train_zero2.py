@@ -6,6 +6,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from helpers.comm import CommLedger
+from helpers.grading.checks.lab07 import common
 from helpers.grading.checks.lab07.common import TOL, WORLD_SIZE, _flat, _launch, _max_diff, _memoized
 from helpers.grading.registry import answer, public_check
 from helpers.grading.shared_run import definitions
@@ -18,7 +19,7 @@ STEPS_7_4, LR_7_4, WD_7_4 = 4, 0.02, 0.01
 
 def _model_7_4():
     """A frozen first layer (48 parameters), then 41 trainable ones: shards of 14 on 3 ranks, 1 padding zero."""
-    torch.manual_seed(4)
+    torch.manual_seed(4 + common.OFFSET)
     model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 1))
     model[0].requires_grad_(False)
     return model
@@ -29,7 +30,7 @@ TRAINABLE_7_4 = 8 * 4 + 4 + 4 + 1
 
 def _batches_7_4(rank):
     """This rank's own batches: different data on every rank."""
-    generator = torch.Generator().manual_seed(40 + rank)
+    generator = torch.Generator().manual_seed(40 + rank + 10 * common.OFFSET)
     out = []
     for _ in range(STEPS_7_4):
         x = torch.randn(3, 5, generator=generator)
@@ -67,10 +68,13 @@ def _train_on_rank(train):
     return zero, ddp
 
 
+# What a run that did not finish says first (the grader's hidden test says it too).
+HINT = "Every rank must run the same number of steps, each with one reduce-scatter and one all-gather. "
+
+
 def _training_results(ns):
     train = answer(ns, "train_zero2")
-    hint = "Every rank must run the same number of steps, each with one reduce-scatter and one all-gather. "
-    return _memoized("7.4", definitions(ns), lambda: _launch(_train_on_rank, train, hint=hint))
+    return _memoized("7.4", definitions(ns), lambda: _launch(_train_on_rank, train, hint=HINT))
 
 
 @public_check("7.4")

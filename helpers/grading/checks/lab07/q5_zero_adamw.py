@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.comm import CommLedger
+from helpers.grading.checks.lab07 import common
 from helpers.grading.checks.lab07.common import (
     TOL,
     WORLD_SIZE,
@@ -31,7 +32,7 @@ HYPER = ("lr", "betas", "eps", "weight_decay")
 
 def _model_7_5():
     """A frozen first layer (40 + 8), then 36 trainable weights and 5 trainable biases."""
-    torch.manual_seed(5)
+    torch.manual_seed(5 + common.OFFSET)
     model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 1))
     model[0].requires_grad_(False)
     return model
@@ -47,7 +48,7 @@ SHARDS_7_5 = [math.ceil(36 / WORLD_SIZE), math.ceil(5 / WORLD_SIZE)]  # elements
 
 
 def _batches_7_5(rank):
-    generator = torch.Generator().manual_seed(50 + rank)  # different data on every rank
+    generator = torch.Generator().manual_seed(50 + rank + 10 * common.OFFSET)  # different data on every rank
     xs = [torch.randn(2, 5, generator=generator) for _ in range(STEPS_7_5)]
     return [(x, torch.sin(x.sum(dim=1, keepdim=True))) for x in xs]
 
@@ -116,10 +117,13 @@ def _one_group(model):
     return [{"params": list(model.parameters())}]
 
 
+# What a run that did not finish says first (the grader's hidden test says it too).
+HINT = "Every rank must step the same groups, each with one reduce-scatter and one all-gather. "
+
+
 def _results(ns):
     cls = answer(ns, "ZeroAdamW")
-    hint = "Every rank must step the same groups, each with one reduce-scatter and one all-gather. "
-    return _memoized("7.5", definitions(ns), lambda: _launch(_train_on_rank, cls, hint=hint))
+    return _memoized("7.5", definitions(ns), lambda: _launch(_train_on_rank, cls, hint=HINT))
 
 
 def _diagnose(result):

@@ -69,7 +69,7 @@ def test_first_line_names_the_mistake_and_the_fix(lab, mistake, request):
 
 # --- the hidden tests (issue 28, part 2): the grader's feedback teaches as the public check does ---------------------
 # The labs whose probes run the public checks' rank functions and whose judges diagnose with the checks' own rules.
-HIDDEN_LABS = ("lab01", "lab03", "lab04", "lab07")
+HIDDEN_LABS = ("lab01", "lab03", "lab04", "lab07", "lab08")
 HIDDEN = [(lab, m) for lab, m in CASES if lab in HIDDEN_LABS]
 HIDDEN_IDS = [f"{lab} {m.question} {m.name}" for lab, m in HIDDEN]
 SEED = 2026  # the grading run's secret seed, here fixed: each question's own is derived from it
@@ -150,6 +150,6 @@ def test_hidden_feedback_names_the_mistake_and_costs_only_its_question(lab, mist
     first = failed[0]["message"]  # the first failed line of the question in the feedback
     missing = [f for f in (mistake.hidden or mistake.first_line) if f not in first]
     assert not missing, f"{mistake.question} {mistake.name}: the hidden feedback lacks {missing}: {first}"
-    tokens = set(re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", first))
+    tokens = set(re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", first))  # not the 32 of float32
     leaked = tokens & _secret_numbers(lab, mistake.question)
     assert not leaked, f"{mistake.question} {mistake.name}: the hidden feedback quotes right values {leaked}: {first}"

@@ -35,6 +35,32 @@ def records(ledger, fields=("op", "payload_bytes")):
     return [[getattr(r, f) for f in fields] for r in ledger.records]
 
 
+# JSON has no tuples: a public check's results compare tuples ((shape,), True, 0), which would come back as lists.
+TUPLE = "__tuple__"
+
+
+def keep_tuples(value):
+    """value with every tuple as {"__tuple__": [...]} (on a rank or in the kernel, before the JSON)."""
+    if isinstance(value, tuple):
+        return {TUPLE: [keep_tuples(v) for v in value]}
+    if isinstance(value, list):
+        return [keep_tuples(v) for v in value]
+    if isinstance(value, dict):
+        return {k: keep_tuples(v) for k, v in value.items()}
+    return value
+
+
+def restore_tuples(value):
+    """The inverse of keep_tuples, in the grader."""
+    if isinstance(value, dict):
+        if set(value) == {TUPLE} and isinstance(value[TUPLE], list):
+            return tuple(restore_tuples(v) for v in value[TUPLE])
+        return {k: restore_tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore_tuples(v) for v in value]
+    return value
+
+
 # A failure message is the student's text (an exception's class name and message): it goes back in their feedback,
 # so it is capped (an answer once raised a 10 KB file of an earlier grading run in one).
 MESSAGE_CHARS = 500

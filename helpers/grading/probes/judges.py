@@ -163,22 +163,25 @@ def _rows_as_tuples(value):
     return value
 
 
-def by_public_checks(question, results, offset, names=(), skip=(), rtol=1e-5, atol=1e-6):
+def by_public_checks(question, results, offset, names=(), skip=(), rtol=1e-5, atol=1e-6, convert=None):
     """A judge by the question's public checks themselves, run in the grader on the value: results = (module, name) of
     the function the checks get their ranks' results from, answered by the value while they run; offset = (module,
     modulo): the check module's OFFSET, set from the question's seed so that the checks' references are the probe's
     inputs'. The value passes when no check fails and, without `skip` (what differs between two right answers: ids,
     a message's words), it equals the solution's (the checks may compare with references computed on the student's
     ranks, which the student controls). The first check that fails says the feedback's line, as check()'s first
-    failed line does."""
+    failed line does. The ranks' tuples come back as tuples where the rank kept them (probe_runtime.keep_tuples),
+    ledger rows otherwise; convert(value) rebuilds what JSON changed further (int keys)."""
     from helpers.grading.plain import from_plain
+    from helpers.grading.probe_runtime import restore_tuples
     from helpers.grading.registry import checks_for
 
     module, name = results
     common, modulo = offset
 
     def first_failure(actual, seed):
-        value = _rows_as_tuples(from_plain(actual))
+        value = _rows_as_tuples(restore_tuples(from_plain(actual)))
+        value = convert(value) if convert else value
         original, original_offset = getattr(module, name), common.OFFSET
         setattr(module, name, lambda *args, **kwargs: value)
         common.OFFSET = seed % modulo

@@ -142,8 +142,8 @@ def flat_in_param_dtype_the_shard_stays_float32(ns):
         shard = got["shard"]
         assert shard is not None and shard.dtype == torch.float32 and torch.equal(shard, expected), (
             f"{where}: flat_shard is {getattr(got['shard'], 'dtype', None)}, {_head(got['shard'])}...; expected the "
-            f"float32 shard, {_head(expected)}...: the shard stays in the parameters' own dtype, the master copy the "
-            "optimizer steps; only the unsharded flat is in param_dtype")
+            "float32 shard of the original parameters: the shard stays in the parameters' own dtype, the master copy "
+            "the optimizer steps; only the unsharded flat is in param_dtype")
         want = (got["want"][0], (size * n,), 0)
         assert got["flat"] == want, (
             f"{where}: self.flat is (dtype, shape, storage bytes) {got['flat']}; expected {want}: the unsharded buffer "

@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.comm import CommLedger
+from helpers.grading.checks.lab08 import common
 from helpers.grading.checks.lab08.common import (
     BF16,
     TOL,
@@ -24,7 +25,7 @@ from helpers.memory import state_bytes
 
 def _local_grad(rank, padded, numel, call):
     """Rank's flat.grad in call `call`: random, zeros at the padding (as backward through the views leaves it)."""
-    grad = torch.randn(padded, generator=torch.Generator().manual_seed(100 * call + rank))
+    grad = torch.randn(padded, generator=torch.Generator().manual_seed(100 * call + rank + 1000 * common.OFFSET))
     grad[numel:] = 0
     return grad
 

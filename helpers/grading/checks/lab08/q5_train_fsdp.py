@@ -9,6 +9,7 @@ from torch import nn
 
 from helpers.comm import CommLedger
 from helpers.errors import RankFailed
+from helpers.grading.checks.lab08 import common
 from helpers.grading.checks.lab08.common import (
     BF16,
     TOL,
@@ -33,7 +34,7 @@ class Block(nn.Sequential):
 
 
 def _model():
-    torch.manual_seed(5)
+    torch.manual_seed(5 + common.OFFSET)
     body = [Block(nn.Linear(D, H), nn.LayerNorm(H), nn.Tanh(), nn.Linear(H, D)) for _ in range(2)]
     return nn.Sequential(collections.OrderedDict(body=nn.Sequential(*body), head=nn.Linear(D, 1)))
 
@@ -46,7 +47,7 @@ def _unit_orders():
 
 
 def _batches():
-    generator = torch.Generator().manual_seed(50 + dist.get_rank())  # different data on every rank
+    generator = torch.Generator().manual_seed(50 + dist.get_rank() + 10 * common.OFFSET)  # different on every rank
     return [(torch.randn(BATCH, D, generator=generator), torch.randn(BATCH, 1, generator=generator))
             for _ in range(STEPS)]
 
@@ -124,6 +125,10 @@ def _mixed_on_rank(train):
 
 
 _explained = {}  # id(a rank's exception) -> the failure that names its likely cause, so it is reported once
+# torch's error of a forward that found no parameter on a module, and what it means (the grader says it too)
+NO_PARAMETER = "object has no attribute"
+NO_HOOKS = ("a module had no parameter during forward: a unit deletes the originals and only its hooks put views back; "
+            "call register_hooks() on every unit before training. ")
 
 
 def _r85(ns):
@@ -133,13 +138,11 @@ def _r85(ns):
     try:
         return _results("8.5", (*key, definitions(ns)), _train_on_rank, (2, 3, 4), key[0])
     except RankFailed as exc:
-        if "object has no attribute" not in str(exc):
+        if NO_PARAMETER not in str(exc):
             raise
         # the units deleted the original parameters; only pre_forward's unshard puts views back
         if id(exc) not in _explained:
-            _explained[id(exc)] = run_failed(exc, "a module had no parameter during forward: a unit deletes the "
-                                             "originals and only its hooks put views back; call register_hooks() "
-                                             "on every unit before training. ")
+            _explained[id(exc)] = run_failed(exc, NO_HOOKS)
         raise _explained[id(exc)] from None
 
 
@@ -147,7 +150,7 @@ def _one_process(n, zero_grad=True):
     """{name: parameter} after SGD in one process on the n ranks' batches together (equal sizes: DDP's mean)."""
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    generators = [torch.Generator().manual_seed(50 + rank) for rank in range(n)]
+    generators = [torch.Generator().manual_seed(50 + rank + 10 * common.OFFSET) for rank in range(n)]
     batches = [[(torch.randn(BATCH, D, generator=g), torch.randn(BATCH, 1, generator=g)) for _ in range(STEPS)]
                for g in generators]
     for step in range(STEPS):

@@ -22,7 +22,9 @@ if os.fork() == 0:
 time.sleep(0.5)
 ''' + lab.ADD
 
-# Look for the solution and the probes everywhere, including the course's git history, and use what is found.
+# Look for the solution and the probes everywhere, including the course's git history, and use what is found (a
+# solutions/ notebook: OUT/return/<student>/ holds students' notebooks of the same name, infinite_loop's among them,
+# which test_the_solution_search_works_outside_the_sandbox ran for its 600 s).
 FIND_SOLUTION = '''import glob, json, os, subprocess, helpers
 repo = os.path.dirname(os.path.dirname(helpers.__file__))
 found = []
@@ -39,7 +41,7 @@ git = subprocess.run(["git", "-C", repo, "show", "HEAD:solutions/03_manual_ddp.i
 found += ["git show solutions/03"] if git.returncode == 0 else []
 print("FOUND" if found else "NOTHING", found[:5])
 for path in found:
-    if path.endswith("97_fixture.ipynb") and "BEGIN SOLUTION" in open(path).read():
+    if path.endswith("/solutions/97_fixture.ipynb") and "BEGIN SOLUTION" in open(path).read():
         for cell in json.load(open(path))["cells"]:
             if cell["cell_type"] == "code" and "def " in "".join(cell["source"]):
                 exec("".join(cell["source"]))

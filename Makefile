@@ -20,17 +20,26 @@ TEST_WORKERS ?= 2
 # which also asserts each check's result (solutions: all pass; labs: all "not implemented").
 NOTEBOOKS := $(wildcard chapters/*.ipynb)
 
-# make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY="alice bob"]
+# make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [JOBS=2]
+#            [RESUME=1 | ONLY="alice bob" | FRESH=1]: OUT must be new or empty, unless RESUME=1 finishes the run in it,
+#            ONLY= re-grades some of its students, or FRESH=1 deletes it first (helpers/grading/state.py)
 LAB ?=
 SUBMISSIONS ?=
 OUT ?=
 PROBES ?=
 SOLUTIONS ?=
+JOBS ?=
 RESUME ?=
 ONLY ?=
-# make grade ... FORMAT=canvas|gradescope|moodle|csv [DEADLINE=2026-12-01T23:59+01:00] [TIMES=times.csv]
+FRESH ?=
+# make grade ... FORMAT=canvas|gradescope|moodle|csv [ASSIGNMENT="Lab 03 (12345)"]: the LMS's import file
+#            [DEADLINE=2026-12-01T23:59+01:00 [LATE_PER_DAY=0.1] [LATE_MAX_DAYS=7] [TIMES=times.csv]]: a late policy
+# (helpers/grading/gradebook.py: each LMS's columns and how it names an assignment)
 FORMAT ?=
+ASSIGNMENT ?=
 DEADLINE ?=
+LATE_PER_DAY ?=
+LATE_MAX_DAYS ?=
 TIMES ?=
 # make release OUT=dir COURSE_REPO=url: the address students will clone the release from, written into every
 # notebook's install cell; the release refuses to run without one (or with a placeholder such as YOUR-ORG).
@@ -45,7 +54,8 @@ help:
 	@echo "make labs   regenerate labs/ from solutions/ (labs are never edited by hand)"
 	@echo "make bench  time the launcher (vs spawn, fork) and lab 04's bucketed DDP (vs torch DDP)"
 	@echo "make bench-grading   time grading a class of 20 (lab 03)"
-	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]: grade a class"
+	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [JOBS=2] [RESUME=1|ONLY=ids|FRESH=1]: grade a class"
+	@echo "            [FORMAT=canvas ASSIGNMENT='Lab 03 (12345)'] [DEADLINE=iso LATE_PER_DAY=0.1 LATE_MAX_DAYS=7]"
 	@echo "make release OUT=dir COURSE_REPO=url   write the student repository into a new dir: no solutions, probes or"
 	@echo "            answer key; url = its public address, which every notebook's install cell clones on Colab"
 	@echo "make setup  create .venv and install the course into it (idempotent) [TORCH_INDEX=url|default]"
@@ -106,11 +116,13 @@ bench-grading: setup
 
 grade: setup
 	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" -a -n "$(OUT)" || \
-		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [RESUME=1] [ONLY=ids]"; exit 2; }
-	$(PY) -m helpers.grading.grade --lab $(LAB) --submissions $(SUBMISSIONS) --out $(OUT) \
-		$(if $(PROBES),--probes $(PROBES)) $(if $(SOLUTIONS),--solutions $(SOLUTIONS)) \
-		$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY)) $(if $(FORMAT),--format $(FORMAT)) \
-		$(if $(DEADLINE),--deadline $(DEADLINE)) $(if $(TIMES),--times $(TIMES))
+		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [JOBS=2] [RESUME=1 | ONLY=ids | FRESH=1] [FORMAT=canvas ASSIGNMENT='Lab 03 (12345)'] [DEADLINE=iso LATE_PER_DAY=0.1 LATE_MAX_DAYS=7 TIMES=csv]"; exit 2; }
+	$(PY) -m helpers.grading.grade --lab '$(LAB)' --submissions '$(SUBMISSIONS)' --out '$(OUT)' \
+		$(if $(PROBES),--probes '$(PROBES)') $(if $(SOLUTIONS),--solutions '$(SOLUTIONS)') $(if $(JOBS),--jobs '$(JOBS)') \
+		$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY)) $(if $(FRESH),--fresh) \
+		$(if $(FORMAT),--format '$(FORMAT)') $(if $(ASSIGNMENT),--assignment '$(ASSIGNMENT)') \
+		$(if $(DEADLINE),--deadline '$(DEADLINE)') $(if $(LATE_PER_DAY),--late-per-day '$(LATE_PER_DAY)') \
+		$(if $(LATE_MAX_DAYS),--late-max-days '$(LATE_MAX_DAYS)') $(if $(TIMES),--times '$(TIMES)')
 
 # The student edition, a new repository outside this one; helpers/grading/release.py says what it leaves out.
 release: setup

@@ -9,9 +9,11 @@ The student's own error comes first: an answer cell that failed to run (helpers/
 with its line, in the status line and as the first item of each question it answers, ahead of the hidden tests that
 failed because of it.
 """
+import math
 import re
 
 from helpers.grading.answer_errors import LINE_CHARS
+from helpers.grading.gradebook import parse_time
 from helpers.grading.probe_runtime import MESSAGE_CHARS
 
 _STATUS = {
@@ -62,6 +64,28 @@ def _status(result):
     return f"your answer cell for {questions} {_cell_error(rows[0])}"
 
 
+def _duration(seconds):
+    """'25 min', '14 h', '14 h 30 min', '3 days 2 h': how late, as a person says it."""
+    minutes = max(1, math.ceil(seconds / 60))
+    days, hours, minutes = minutes // 1440, minutes % 1440 // 60, minutes % 60
+    if days >= 2:
+        return f"{days} days" + (f" {hours} h" if hours else "")
+    hours += 24 * days
+    return " ".join(part for part in (f"{hours} h" if hours else "", f"{minutes} min" if minutes else "") if part)
+
+
+def _late(result, total, maximum):
+    """The late policy's line (gradebook.lateness): when the work came in, the penalty, the points that count."""
+    final = f"{result.get('final', total):g} / {maximum:g}"
+    if result.get("time_note"):
+        when = f" ({result['submitted']})" if result.get("submitted") else ""
+        return f"Submission time{when}: {result['time_note']}; {final}."
+    if not result.get("late_days"):
+        return f"Submitted on time: {final}."
+    late = _duration((parse_time(result["submitted"]) - parse_time(result["deadline"])).total_seconds())
+    return f"Submitted {late} late: -{100 * result['penalty']:g} %, {final}."
+
+
 def feedback_markdown(result, questions, points, by_hand=()):
     """Markdown feedback for one graded result; `points` = {question: maximum}; by_hand: [(Manual, points or None)]."""
     total = sum(m["earned"] for marks in result["marks"].values() for m in marks)
@@ -71,6 +95,8 @@ def feedback_markdown(result, questions, points, by_hand=()):
     note = f" Not final: {', '.join(i.question for i in pending)} is graded by hand, not yet." if pending else ""
     lines = [f"# Feedback for {code(result['student'])}", "",
              f"Score: {total:g} / {maximum:g}. Status: {result['status']} ({_status(result)}).{note}", ""]
+    if "penalty" in result:
+        lines += [_late(result, total, maximum), ""]
     if result.get("error"):
         lines += [code(result["error"]), ""]
     if result.get("kernels", 1) > 1:

@@ -1,22 +1,30 @@
 """Grade a class: `make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir]`.
 
     python -m helpers.grading.grade --lab 03 --submissions dir --out dir [--probes dir] [--jobs 2]
-                                    [--resume] [--only STUDENT ...]
+                                    [--resume | --only STUDENT ... | --fresh]
+                                    [--format canvas --assignment 'Lab 03 (12345)']
+                                    [--deadline 2026-12-01T23:59+01:00 --late-per-day 0.1 --late-max-days 7
+                                     --times times.csv]
 
 Writes OUT/grades.csv, OUT/feedback/<student>.md, OUT/executed/<student>.ipynb, OUT/cells.csv (every cell's
 status and duration), OUT/results/<student>.json (what --resume trusts), OUT/logs/ (kernels' own output,
-the grader's errors) and OUT/similarity.md and .csv (pairs of students whose answers are unusually alike:
-helpers/grading/similarity.py). Only a regular file SUBMISSIONS/<student>.ipynb is read; a symlink, FIFO, device or
-directory of that name is an `error` row and is never opened (helpers/grading/submissions.py). Exits 0 whatever the
-students did; non-zero only when grading itself cannot run (no such lab, probes failing on the solution, an
-unwritable OUT).
+the grader's errors), OUT/return/<student>/ (what goes back to the student: returns.py), OUT/similarity.md and .csv
+(pairs of students whose answers are unusually alike: helpers/grading/similarity.py) and, with --format, the LMS's
+import file OUT/gradebook-FORMAT.csv. With a deadline, grades.csv, the results, the feedback and the LMS file carry
+each student's lateness and `final` points (helpers/grading/gradebook.py, report.py). Only a regular file
+SUBMISSIONS/<student>.ipynb is read; a symlink, FIFO, device or directory of that name is an `error` row and is never
+opened (helpers/grading/submissions.py). Exits 0 whatever the students did; non-zero only when grading itself cannot
+run (no such lab, probes failing on the solution, an unwritable OUT, bad options, an OUT it must not write into).
 
-Each student is graded in a process of its own; one that dies or overruns is that student's `grader_error`,
-and the class goes on. `--resume` keeps the results already in OUT and grades only the students without one
-or with a `grader_error`; `--only` re-grades the named students. Both reuse the run's secret probe seed.
+One OUT holds one run (state.py): an OUT that holds anything is refused, saying what to pass. Each student is graded
+in a process of its own; one that dies or overruns is that student's `grader_error`, and the class goes on.
+`--resume` keeps the results already in OUT and grades only the students without one or with a `grader_error`;
+`--only` re-grades the named students; both reuse the run's secret probe seed, its SUBMISSIONS folder (another is
+refused) and its options where none is given. `--fresh` deletes the run in OUT and grades anew, with a new seed.
 """
 import argparse
 import dataclasses
+import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -159,22 +167,93 @@ def kernel_threads(jobs):
     return max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What the instructor chose beyond the class: the LMS file and the late policy. None: as the run recorded in
+    OUT chose (--resume, --only), else the default."""
+
+    format: str | None = None  # canvas | gradescope | moodle | csv: also write OUT/gradebook-FORMAT.csv
+    assignment: str | None = None  # the LMS's column name (default 'Lab NN'; Canvas: 'Name (id)', see gradebook.py)
+    deadline: str | None = None  # ISO 8601; without one, no late policy
+    late_per_day: float | None = None  # fraction of the points lost per day started late (default 0.1)
+    late_max_days: int | None = None  # later than this scores 0 (default 7)
+    times: str | None = None  # CSV student,submitted_iso (default: the files' modification times)
+
+    def merged(self, earlier):
+        """These options, with the run's earlier ones ({field: value} from state.json) where these are None."""
+        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        known = {k: v for k, v in (earlier or {}).items() if k in {f.name for f in dataclasses.fields(self)}}
+        return Options(**{**known, **given})
+
+    def late_policy(self):
+        """The LatePolicy, or None without a deadline; raises ValueError naming what to pass."""
+        if self.deadline is None:
+            return None
+        try:
+            deadline = gradebook.parse_time(self.deadline)
+        except ValueError:
+            raise ValueError(f"DEADLINE={self.deadline!r} is not an ISO 8601 time: pass e.g. "
+                             "2026-12-01T23:59+01:00") from None
+        per_day = 0.1 if self.late_per_day is None else self.late_per_day
+        max_days = 7 if self.late_max_days is None else self.late_max_days
+        if not 0 <= per_day <= 1:
+            raise ValueError(f"LATE_PER_DAY={per_day:g}: pass a fraction of the points per day in [0, 1], e.g. 0.1 "
+                             "for 10 % a day")
+        if max_days < 0:
+            raise ValueError(f"LATE_MAX_DAYS={max_days}: pass a number of days >= 0 (later than that scores 0)")
+        return gradebook.LatePolicy(deadline, per_day, max_days)
+
+    def check(self, lab):
+        """Refuse bad options before anything is graded: the same errors the end of the run would meet."""
+        if self.format is not None and self.format not in gradebook.FORMATS:
+            raise ValueError(f"FORMAT={self.format}: pass one of {', '.join(gradebook.FORMATS)}")
+        policy = self.late_policy()
+        if self.times is not None:
+            gradebook.times_from_csv(self.times)
+        if policy is None and (self.late_per_day is not None or self.late_max_days is not None or self.times):
+            raise ValueError("LATE_PER_DAY, LATE_MAX_DAYS and TIMES apply a late policy: pass its DEADLINE too")
+        return self.assignment or f"Lab {lab}"
+
+
+class Graded(list):
+    """Every student's result (dicts, in order), and what this run did: `graded` (the students graded now), `lms`
+    (the LMS file written, or None) and `notes` (lines for the instructor)."""
+
+    def __init__(self, results, graded, lms=None, notes=()):
+        super().__init__(results)
+        self.graded, self.lms, self.notes = list(graded), lms, list(notes)
+
+
 def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, labs_dir=None, solutions_dir=None,
-          resume=False, only=()):
-    """Grade every *.ipynb in submissions_dir into out; return the per-student results (dicts)."""
+          resume=False, only=(), fresh=False, options=None):
+    """Grade every *.ipynb in submissions_dir into out; return the per-student results (a Graded list of dicts).
+
+    out must be new or empty, unless resume (finish the run in out), only (re-grade those students of it) or fresh
+    (delete it first): run_state.start. options: the LMS file and late policy (Options)."""
     lab, out = f"{int(lab):02d}", pathlib.Path(out)
+    began = datetime.datetime.now(datetime.timezone.utc)
+    if jobs < 1:
+        raise ValueError(f"JOBS={jobs}: pass at least 1 (submissions graded at once; 2 on 2 cores)")
     released = nbformat.read(lab_notebook(labs_dir or ROOT / "labs", lab), as_version=4)
     solution_path = lab_notebook(solutions_dir or ROOT / "solutions", lab)
     setup, probes = probe_files.load(lab, probes_dir)
+    probe_file = pathlib.Path(probes_dir or probe_files.DEFAULT_DIR) / f"lab{lab}.py"
+    fingerprint = run_state.fingerprint(lab_notebook(labs_dir or ROOT / "labs", lab), solution_path, probe_file)
+    options = options or Options()
+    options.check(lab)  # before an earlier run is deleted (fresh) or anything is graded
+    paths, refused = submissions.listing(submissions_dir)
+    todo = _to_grade(out, {**paths, **refused}, resume, only)
+    state = run_state.start(out, lab, fingerprint, submissions_dir, resume=resume, only=bool(only), fresh=fresh)
+    options = options.merged(state.get("options"))  # --resume, --only: the run's own choices where none is given
+    assignment = options.check(lab)
     limits = limits or default_limits([probes_dir or probe_files.DEFAULT_DIR, solutions_dir or ROOT / "solutions",
                                        submissions_dir, out])
     limits = dataclasses.replace(limits, preload_dynamo=ranks_need_dynamo(released, setup),
                                  threads=limits.threads or kernel_threads(jobs))
     for sub in ("executed", "feedback", "results", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    probe_file = pathlib.Path(probes_dir or probe_files.DEFAULT_DIR) / f"lab{lab}.py"
-    fingerprint = run_state.fingerprint(lab_notebook(labs_dir or ROOT / "labs", lab), solution_path, probe_file)
-    state = run_state.load_or_start(out, lab, fingerprint, fresh=not (resume or only))
+    state = {**state, "options": {k: v for k, v in dataclasses.asdict(options).items() if v is not None}}
+    run_state.save(out, state)  # the options given now are the run's from here on
     ctx = _context()
     solution = nbformat.read(solution_path, as_version=4)
     # One mistake, one question: the earlier answers a question's probes call are the solution's (reference.py).
@@ -185,15 +264,45 @@ def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, la
         run_state.save(out, {**state, "expected": expected})
     task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(out), limits,
                 references)
-    paths, refused = submissions.listing(submissions_dir)
-    todo = _to_grade(out, {**paths, **refused}, resume, only)
     refuse(out, lab, probes_dir, {s: refused[s] for s, _ in todo if s in refused})
     run_class(task, [(s, p) for s, p in todo if s in paths], jobs, student_limit(released, limits), ctx)
     results = load_results(out, sorted({**paths, **refused}))
-    write_outputs(out, probes, results, probe_files.load_manual(lab, probes_dir))
+    notes = _late(results, options, paths, began)
+    items = probe_files.load_manual(lab, probes_dir)
+    write_outputs(out, probes, results, items)  # sets each result's final
+    for result in results:
+        write_result(out, result)  # results/<student>.json: lateness and final too
+    lms = write_lms(out, results, probes, options.format, assignment=assignment, items=items) if options.format \
+        else None
+    if options.format == "canvas" and not re.search(r"\(\d+\)$", assignment.strip()):
+        notes.append(f"ASSIGNMENT={assignment!r} names no Canvas assignment id: Canvas imports the column as a new "
+                     "assignment; to fill an existing one, copy its column's header from a gradebook export, e.g. "
+                     f"ASSIGNMENT='{assignment} (12345)'")
     returns.write_all(out, results, lab_notebook(labs_dir or ROOT / "labs", lab).name)  # OUT/return/<student>/
     _write_similarity(out, lab, released, {**paths, **refused_paths(submissions_dir, refused)}, solution)
-    return results
+    return Graded(results, [s for s, _ in todo], lms, notes)
+
+
+def _late(results, options, paths, now):
+    """Record each result's lateness under the late policy, if any (gradebook.lateness); return notes on the times
+    that were not charged."""
+    policy = options.late_policy()
+    if policy is None:
+        for result in results:  # an earlier run's policy, dropped since: nothing stays charged
+            for key in ("submitted", "deadline", "late_days", "penalty", "time_note"):
+                result.pop(key, None)
+        return []
+    times = gradebook.times_from_csv(options.times) if options.times else gradebook.times_from_mtimes(paths.values())
+    for result in results:
+        result.update(gradebook.lateness(times.get(result["student"]), policy, now))
+    notes = []
+    for note, what in ((gradebook.AFTER_RUN, "a submission time after this run"),
+                       (gradebook.NO_TIME, "no submission time")):
+        who = [r["student"] for r in results if r["time_note"] == note]
+        if who:
+            notes.append(f"{len(who)} student(s) with {what} ({', '.join(who[:5])}{', ...' if len(who) > 5 else ''}):"
+                         " not charged a late penalty; check their time (time_note in grades.csv)")
+    return notes
 
 
 def refuse(out, lab, probes_dir, refused):
@@ -256,47 +365,65 @@ def default_limits(hidden, root=ROOT):
                   readonly_dirs=(str(root), *pythons))
 
 
-def main(argv=None):
+def arguments():
+    """The command line of `python -m helpers.grading.grade`, which `make grade` writes from its variables."""
     parser = argparse.ArgumentParser(description="Grade every notebook of a class for one lab.")
     parser.add_argument("--lab", required=True, help="lab number, e.g. 03")
     parser.add_argument("--submissions", required=True, help="directory of <student>.ipynb files")
-    parser.add_argument("--out", required=True, help="output directory (created)")
+    parser.add_argument("--out", required=True, help="output directory: new or empty (or --resume, --only, --fresh)")
     parser.add_argument("--probes", default=None, help="directory of private probe files labNN.py")
     parser.add_argument("--solutions", default=None, help="directory of private solutions NN_*.ipynb")
     parser.add_argument("--labs", default=None, help="directory of the released labs NN_*.ipynb (default: labs/)")
     parser.add_argument("--jobs", type=int, default=2, help="submissions graded in parallel")
     parser.add_argument("--resume", action="store_true", help="grade only students without a trusted result in OUT")
     parser.add_argument("--only", nargs="+", default=(), metavar="STUDENT", help="re-grade these students only")
-    parser.add_argument("--format", choices=("canvas", "gradescope", "moodle", "csv"), default=None,
+    parser.add_argument("--fresh", action="store_true", help="delete the earlier run in OUT, then grade the class")
+    parser.add_argument("--format", choices=tuple(gradebook.FORMATS), default=None,
                         help="also write OUT/gradebook-FORMAT.csv for that LMS")
     parser.add_argument("--assignment", default=None, help="the LMS's column name (default: 'Lab NN')")
     parser.add_argument("--deadline", default=None, help="ISO time, e.g. 2026-12-01T23:59+01:00: apply the late policy")
-    parser.add_argument("--late-per-day", type=float, default=0.1, help="fraction of the points lost per day late")
-    parser.add_argument("--late-max-days", type=int, default=7, help="later than this scores 0")
+    parser.add_argument("--late-per-day", type=float, default=None, help="fraction of the points lost per day late "
+                        "(default 0.1)")
+    parser.add_argument("--late-max-days", type=int, default=None, help="later than this scores 0 (default 7)")
     parser.add_argument("--times", default=None, help="CSV student,submitted_iso (default: the files' mtimes)")
-    options = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    options = arguments().parse_args(argv)
     if not pathlib.Path(options.submissions).is_dir():
         print(f"grade: {options.submissions} is not a directory of notebooks", file=sys.stderr)
         return 2
     for gap in available_fences().missing():
         print(f"grade: missing fence: {gap}", file=sys.stderr)
+    chosen = Options(options.format, options.assignment, options.deadline, options.late_per_day,
+                     options.late_max_days, str(pathlib.Path(options.times).resolve()) if options.times else None)
     try:
         results = grade(options.lab, options.submissions, options.out, probes_dir=options.probes,
                         solutions_dir=options.solutions, labs_dir=options.labs, jobs=options.jobs,
-                        resume=options.resume, only=options.only)
+                        resume=options.resume, only=options.only, fresh=options.fresh, options=chosen)
     except (GradingError, run_state.StateError, FileNotFoundError, ValueError) as exc:
         print(f"grade: {exc}", file=sys.stderr)
         return 2
-    print(f"graded {len(results)} submission(s) into {options.out}/grades.csv; answers alike: "
-          f"{options.out}/similarity.md")
+    print(graded_line(results, options.out))
     pending = _pending(options, results)
     if pending:
         print(f"{pending} of {len(results)} student(s) have parts graded by hand without points: fill the points "
               f"column of {options.out}/manual.csv (the texts are in {options.out}/manual/), then run the same "
               "command with RESUME=1 (--resume); their LMS grade stays blank until then")
-    if options.format:
-        print(f"wrote {_export(options, results)}")
+    for note in results.notes:
+        print(f"grade: {note}")
+    if results.lms:
+        print(f"wrote {results.lms}")
     return 0
+
+
+def graded_line(results, out):
+    """What this run graded, and where the class's grades are."""
+    count = len(results.graded)
+    kept = f" ({len(results) - count} kept from the earlier run)" if count < len(results) else ""
+    return (f"graded {count} submission{'' if count == 1 else 's'}{kept} into {out}/grades.csv "
+            f"({len(results)} student{'' if len(results) == 1 else 's'}); answers alike: {out}/similarity.md")
 
 
 def _pending(options, results):
@@ -306,18 +433,6 @@ def _pending(options, results):
     items = probe_files.load_manual(f"{int(options.lab):02d}", options.probes)
     points = manual.read_points(options.out, items) if items else {}
     return sum(not manual.earned(points, r["student"], items)[1] for r in results) if items else 0
-
-
-def _export(options, results):
-    """The LMS file of main's options."""
-    lab = f"{int(options.lab):02d}"
-    deadline = gradebook.parse_time(options.deadline) if options.deadline else None
-    times = (gradebook.times_from_csv(options.times) if options.times
-             else gradebook.times_from_mtimes(submissions.listing(options.submissions)[0].values()))
-    return write_lms(options.out, results, probe_files.load(lab, options.probes)[1], options.format,
-                     assignment=options.assignment or f"Lab {lab}", deadline=deadline,
-                     per_day=options.late_per_day, max_days=options.late_max_days, times=times,
-                     items=probe_files.load_manual(lab, options.probes))
 
 
 if __name__ == "__main__":

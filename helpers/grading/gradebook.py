@@ -32,6 +32,16 @@ Sources, read for these columns:
   useridnumber) and one column per grade item, chosen in the import preview:
   https://docs.moodle.org/311/en/Grade_import
 
+The assignment's column (`make grade ASSIGNMENT=...`, default "Lab NN"), per LMS:
+- canvas: the header of an existing assignment's column is "Name (assignment id)", as Canvas's own gradebook export
+  writes it (e.g. "Lab 03 (12345)": export the gradebook once and copy the header); a name without its id imports as a
+  new assignment, and `make grade` says so.
+- moodle: the column is mapped to a grade item in the import preview, so its name is free ("Lab 03" is fine).
+- gradescope: no assignment column (the file is uploaded to one assignment: Total Score); the name is not used.
+- csv: the name is not used (the columns are the grader's own).
+The student's id is the submission's file name: Canvas matches it to the SIS User ID, Moodle to the ID number (or the
+email address when the id is one), Gradescope to the SID (or the email).
+
 A `grader_error` row has no grade yet (the grader failed, not the student): it is left blank in the LMS files,
 so an import changes nothing for that student until they are re-graded. So is a `manual_pending` row: a lab with
 a part graded by hand (helpers/grading/manual.py) whose points are not entered yet. Every other status keeps its
@@ -40,7 +50,8 @@ points (a missing submission has 0).
 The late policy (`late_penalty`, `apply_late_policy`): a submission `d` started days after the deadline loses
 `per_day` x d of its points (d rounded up to whole days: one second late is one day); past `max_days` it
 scores 0. Submission times come from the files' mtimes (`times_from_mtimes`) or from a CSV with the
-columns student,submitted_iso (`times_from_csv`); times without an offset are read as UTC.
+columns student,submitted_iso (`times_from_csv`); times without an offset are read as UTC. `lateness` records one
+student's (a time after the grading run, or none, is charged nothing and noted in `time_note`).
 """
 import csv
 import dataclasses
@@ -165,6 +176,35 @@ def late_penalty(submitted, deadline, per_day, max_days):
         return 0.0  # no time known: nothing to charge
     days = days_late(submitted, deadline)
     return 1.0 if days > max_days else min(1.0, days * per_day)
+
+
+@dataclasses.dataclass(frozen=True)
+class LatePolicy:
+    """A deadline, the fraction of the points lost per day started late, and the days after which nothing is left."""
+
+    deadline: datetime.datetime
+    per_day: float = 0.1
+    max_days: int = 7
+
+    def __post_init__(self):
+        late_penalty(None, self.deadline, self.per_day, self.max_days)  # checks the numbers before any grading
+
+
+AFTER_RUN = "after the grading run: not charged, check this time"
+NO_TIME = "no submission time: not charged"
+
+
+def lateness(submitted, policy, now):
+    """One student's lateness under policy, as grades.csv and results/<student>.json record it:
+    {"submitted", "deadline" (ISO or ''), "late_days", "penalty" (a fraction), "time_note" ('' when charged)}.
+
+    A time after `now` (the grading run's start: a file's clock in 2099) is charged nothing and noted, as is none."""
+    row = {"submitted": iso(submitted), "deadline": iso(policy.deadline), "late_days": 0, "penalty": 0.0,
+           "time_note": ""}
+    if submitted is None or submitted > now:
+        return {**row, "time_note": NO_TIME if submitted is None else AFTER_RUN}
+    return {**row, "late_days": days_late(submitted, policy.deadline),
+            "penalty": late_penalty(submitted, policy.deadline, policy.per_day, policy.max_days)}
 
 
 def apply_late_policy(totals, times, deadline, per_day, max_days):

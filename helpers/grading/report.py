@@ -3,6 +3,10 @@
 A lab with parts graded by hand (helpers/grading/manual.py) also gets OUT/manual.csv and the students' texts; its
 grades.csv has a column "<question> (by hand)" per part, the points entered (empty while pending), and a `by_hand`
 column, `pending` or `graded`; `total` counts the points known, `max` all of them.
+
+With a late policy (helpers/grading/gradebook.py), each result carries its lateness (`submitted`, `deadline`,
+`late_days`, `penalty`, `time_note`) and grades.csv has it too, with `final`: the points known after the penalty,
+the number the feedback states and the LMS file holds.
 """
 import json
 import pathlib
@@ -10,6 +14,7 @@ import pathlib
 from helpers.grading import manual
 from helpers.grading.feedback import feedback_markdown
 from helpers.grading.grade_student import result_path
+from helpers.grading.gradebook import Total, number, parse_time, write_gradebook
 from helpers.grading.spreadsheet import write_csv
 
 
@@ -35,23 +40,44 @@ def totals(result, questions):
     return {q: sum(m["earned"] for m in result["marks"].get(q, [])) for q in questions}
 
 
+LATE_COLUMNS = ["submitted", "late_days", "penalty", "final", "time_note"]
+
+
+def final_points(result, known):
+    """The points after the late penalty the result carries (none: all of them), as the LMS file writes them."""
+    return round(known * (1 - float(result.get("penalty") or 0.0)), 2)
+
+
+def _scored(result, questions, entered, items):
+    """({question: earned}, {by-hand question: points or None}, points known, whether every part is graded)."""
+    earned = totals(result, questions)
+    hand, complete = manual.earned(entered, result["student"], items)
+    return earned, hand, sum(earned.values()) + sum(v for v in hand.values() if v is not None), complete
+
+
 def write_outputs(out, probes, results, items=()):
-    """grades.csv, feedback/*.md and cells.csv from the graded results; items: the parts graded by hand."""
+    """grades.csv, feedback/*.md and cells.csv from the graded results; items: the parts graded by hand.
+
+    Sets each result's `final` (the points after its late penalty: gradebook.lateness); results with a penalty (a
+    late policy applies) add the columns LATE_COLUMNS to grades.csv."""
     out = pathlib.Path(out)
     questions = question_order({p.question for p in probes})
     maximum = sum(p.points for p in probes) + sum(item.points for item in items)
     points = {q: sum(p.points for p in probes if p.question == q) for q in questions}
     entered = manual.write_sheet(out, items, results) if items else {}
     by_hand = [f"{item.question} (by hand)" for item in items]
-    rows = [["student", *questions, *by_hand, "total", "max", "status", "seconds", *(["by_hand"] if items else [])]]
+    late = any("penalty" in r for r in results)
+    rows = [["student", *questions, *by_hand, "total", "max", "status", "seconds", *(["by_hand"] if items else []),
+             *(LATE_COLUMNS if late else [])]]
     for r in results:
-        earned = totals(r, questions)
-        hand, complete = manual.earned(entered, r["student"], items)
-        known = sum(earned.values()) + sum(v for v in hand.values() if v is not None)
+        earned, hand, known, complete = _scored(r, questions, entered, items)
+        r["final"] = final_points(r, known)
         rows.append([r["student"], *(f"{earned[q]:g}" for q in questions),
                      *("" if v is None else f"{v:g}" for v in hand.values()),
                      f"{known:g}", f"{maximum:g}", r["status"], r["seconds"],
-                     *([("graded" if complete else "pending")] if items else [])])
+                     *([("graded" if complete else "pending")] if items else []),
+                     *([r.get("submitted", ""), r.get("late_days", 0), number(r.get("penalty") or 0),
+                        number(r["final"]), r.get("time_note", "")] if late else [])])
     write_csv(out / "grades.csv", rows)
     for r in results:
         hand = manual.earned(entered, r["student"], items)[0]
@@ -62,22 +88,20 @@ def write_outputs(out, probes, results, items=()):
                                     for r in results for c in r["cells"])])
 
 
-def write_lms(out, results, probes, fmt, *, assignment, deadline=None, per_day=0.0, max_days=0, times=None,
-              items=()):
-    """OUT/gradebook-<fmt>.csv for an LMS (gradebook.py), the late policy applied when there is a deadline.
+def write_lms(out, results, probes, fmt, *, assignment, items=()):
+    """OUT/gradebook-<fmt>.csv for an LMS (gradebook.py): each student's points after the late penalty their result
+    carries, the same `final` as grades.csv's.
 
     items: the parts graded by hand; a student with one still pending gets no grade yet (status manual_pending)."""
-    from helpers.grading.gradebook import Total, apply_late_policy, write_gradebook
-
     questions = question_order({p.question for p in probes})
     maximum = sum(p.points for p in probes) + sum(item.points for item in items)
     entered = manual.read_points(out, items) if items else {}
-    rows = []
+    rows, deadline = [], None
     for r in results:
-        hand, complete = manual.earned(entered, r["student"], items)
-        points = sum(totals(r, questions).values()) + sum(v for v in hand.values() if v is not None)
+        _, _, known, complete = _scored(r, questions, entered, items)
         status = r["status"] if complete or r["status"] == "grader_error" else "manual_pending"
-        rows.append(Total(r["student"], points, maximum, status))
-    if deadline is not None:
-        rows = apply_late_policy(rows, times or {}, deadline, per_day, max_days)
+        submitted = parse_time(r["submitted"]) if r.get("submitted") else None
+        deadline = parse_time(r["deadline"]) if r.get("deadline") else deadline
+        rows.append(Total(r["student"], final_points(r, known), maximum, status, submitted,
+                          int(r.get("late_days") or 0), float(r.get("penalty") or 0.0)))
     return write_gradebook(pathlib.Path(out) / f"gradebook-{fmt}.csv", rows, fmt, assignment, deadline)

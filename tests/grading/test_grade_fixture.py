@@ -2,6 +2,7 @@
 import ast
 import contextlib
 import csv
+import datetime
 import glob
 import io
 import json
@@ -19,6 +20,7 @@ from helpers.grading import state as run_state
 from helpers.grading import submissions
 from helpers.grading.cgroup import PREFIX, pids_root
 from helpers.grading.grade_student import Task
+from helpers.grading.gradebook import AFTER_RUN
 from helpers.grading.report import load_results
 from helpers.grading.sandbox import Fences, available_fences
 from tests.grading import fixture_lab as lab
@@ -93,6 +95,20 @@ MAX_TASKS = 64
 GRACE_S = 8.0
 
 
+# The late policy (DEADLINE=...): every submission's file time is an hour before the deadline but partly's, 14 h late
+# (-10 %: 2 -> 1.8 of 4), and edits_check_cell's, in 2099 (after the grading run: flagged, not charged).
+DEADLINE = "2026-11-20T23:59:00+00:00"
+OPTIONS = grading.Options(format="canvas", assignment="Lab 97 (1234)", deadline=DEADLINE)
+TIMES = {"partly": "2026-11-21T13:59:00+00:00", "edits_check_cell": "2099-01-01T00:00:00+00:00"}
+
+
+def _time_stamps(folder):
+    for path in folder.glob("*.ipynb"):
+        if path.is_file() and not path.is_symlink():
+            stamp = datetime.datetime.fromisoformat(TIMES.get(path.stem, "2026-11-20T22:59:00+00:00")).timestamp()
+            os.utime(path, (stamp, stamp))
+
+
 def fixture_limits(hidden):
     """The fixture class's limits: every fence, low time and task limits (above), 3 GiB."""
     limits = grading.default_limits(hidden)
@@ -115,13 +131,14 @@ def graded(tmp_path_factory):
     # for ever.
     (root / "submissions" / "sol_link.ipynb").symlink_to(next((root / "solutions").glob("97_*.ipynb")))
     os.mkfifo(root / "submissions" / "fifo.ipynb")
+    _time_stamps(root / "submissions")
     out = root / "out"
     limits = fixture_limits([root / "probes", root / "solutions", root / "submissions", out])
     start = time.monotonic()
     progress = io.StringIO()  # the progress bar (tqdm, on sys.stderr), for test_progress_and_quiet_logs
     with contextlib.redirect_stderr(progress):
         results = grading.grade("97", root / "submissions", out, probes_dir=root / "probes", jobs=2, limits=limits,
-                                labs_dir=root / "labs", solutions_dir=root / "solutions")
+                                labs_dir=root / "labs", solutions_dir=root / "solutions", options=OPTIONS)
     seconds = time.monotonic() - start
     (root / "grader_stderr.txt").write_text(progress.getvalue())
     with open(out / "grades.csv") as f:
@@ -217,7 +234,8 @@ def test_edited_check_cell_is_replaced_by_the_released_one(graded):
 def test_cell_log_and_columns(graded):
     _, out, _, _, _ = graded
     with open(out / "grades.csv") as f:
-        assert next(csv.reader(f)) == ["student", "97.1", "97.2", "total", "max", "status", "seconds"]
+        assert next(csv.reader(f)) == ["student", "97.1", "97.2", "total", "max", "status", "seconds", "submitted",
+                                       "late_days", "penalty", "final", "time_note"]
     with open(out / "cells.csv") as f:
         log = list(csv.DictReader(f))
     assert {"ok", "timeout"} <= {row["status"] for row in log if row["student"] == "infinite_loop"}
@@ -320,6 +338,91 @@ def test_a_hung_question_costs_only_that_question(graded):
     assert "needed 2 kernels" in (out / "feedback" / "ignores_sigint.md").read_text()
 
 
+def test_a_syntax_error_is_quoted_first(graded):
+    # Not the NameError its probes met: the student's own SyntaxError, with its line, in the status line and first
+    # under its question.
+    _, out, _, _, _ = graded
+    lines = (out / "feedback" / "syntax_error.md").read_text().splitlines()
+    quoted = "raised `SyntaxError: '(' was never closed` at line 1: `def add(a, b:`"
+    assert lines[2] == f"Score: 2 / 4. Status: error (your answer cell for 97.1 {quoted}).", lines
+    section = lines[lines.index("## Question 97.1: 0 / 2") + 1:]
+    assert section[0] == f"- your answer cell {quoted}: fix this first, the failures below may follow from it"
+    assert "NameError" in section[1], section
+
+
+def test_the_late_student_scores_the_same_everywhere(graded):
+    # grades.csv, results/<student>.json, the feedback and the Canvas file agree on the points after the penalty.
+    _, out, rows, _, _ = graded
+    partly = rows["partly"]
+    assert (partly["total"], partly["late_days"], partly["penalty"], partly["final"]) == ("2", "1", "0.1", "1.8")
+    saved = json.loads((out / "results" / "partly.json").read_text())
+    assert (saved["submitted"], saved["penalty"], saved["final"]) == ("2026-11-21T13:59:00+00:00", 0.1, 1.8)
+    assert "Submitted 14 h late: -10 %, 1.8 / 4." in (out / "feedback" / "partly.md").read_text()
+    with open(out / "gradebook-canvas.csv") as f:
+        canvas = {row["SIS User ID"]: row["Lab 97 (1234)"] for row in csv.DictReader(f)}
+    assert canvas["partly"] == "1.8" and canvas == {s: row["final"] for s, row in rows.items()}
+    assert [s for s, row in rows.items() if row["final"] != row["total"]] == ["partly"]
+
+
+def test_a_time_after_the_grading_run_is_flagged(graded):
+    _, out, rows, _, _ = graded
+    row = rows["edits_check_cell"]
+    assert (row["submitted"], row["penalty"], row["final"], row["time_note"]) == (
+        "2099-01-01T00:00:00+00:00", "0", "4", AFTER_RUN), row
+    assert f"Submission time (2099-01-01T00:00:00+00:00): {AFTER_RUN}; 4 / 4." in (
+        out / "feedback" / "edits_check_cell.md").read_text()
+
+
+def test_an_out_holding_a_run_is_refused_and_left_as_it_was(graded, capsys):
+    root, out, _, _, _ = graded
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    args = ["--lab", "97", "--submissions", str(root / "submissions"), "--out", str(out), "--probes",
+            str(root / "probes"), "--solutions", str(root / "solutions"), "--labs", str(root / "labs")]
+    assert grading.main(args) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said == (f"grade: OUT={out} holds an earlier grading run (lab 97, SUBMISSIONS={root / 'submissions'}, "
+                    f"{len(list((out / 'results').glob('*.json')))} result(s)): pass RESUME=1 (--resume) to finish it, "
+                    "ONLY=ids (--only) to re-grade some students, FRESH=1 (--fresh) to delete it and grade anew, or "
+                    "another OUT"), said
+    other = root / "another_class"
+    other.mkdir()
+    shutil.copy2(root / "submissions" / "correct.ipynb", other / "frank.ipynb")
+    assert grading.main([*args[:2], "--submissions", str(other), *args[4:], "--only", "frank"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith(f"grade: OUT={out} holds the run of SUBMISSIONS={root / 'submissions'}, not {other}: "
+                           "grading another folder into it would mix two classes"), said
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before, "a refused run changed OUT"
+    (root / "notes").mkdir()
+    (root / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(run_state.StateError, match="is not empty .todo.txt. and holds no grading run"):
+        grading.grade("97", other, root / "notes", probes_dir=root / "probes", labs_dir=root / "labs",
+                      solutions_dir=root / "solutions")
+
+
+def test_fresh_deletes_the_earlier_run(graded, monkeypatch, capsys):
+    # A copy of the class's OUT graded afresh from a folder of one unreadable notebook (no kernel): the solution's
+    # values are the class run's (its own run is tested with the class), nothing of the earlier run stays.
+    root, out, _, _, _ = graded
+    fresh = root / "fresh_out"
+    shutil.copytree(out, fresh)
+    state = json.loads((fresh / "state.json").read_text())
+    monkeypatch.setattr(grading, "expected_values", lambda *args, **kwargs: state["expected"])
+    one = root / "one"
+    one.mkdir()
+    shutil.copy2(root / "submissions" / "garbage.ipynb", one)
+    begun = time.time_ns()
+    assert grading.main(["--lab", "97", "--submissions", str(one), "--out", str(fresh), "--probes",
+                         str(root / "probes"), "--solutions", str(root / "solutions"), "--labs", str(root / "labs"),
+                         "--fresh"]) == 0
+    assert capsys.readouterr().out.startswith(f"graded 1 submission into {fresh}/grades.csv (1 student)")
+    files = [p for p in fresh.rglob("*") if p.is_file()]
+    assert files and all(p.stat().st_mtime_ns >= begun for p in files), [p for p in files
+                                                                         if p.stat().st_mtime_ns < begun]
+    assert sorted(p.name for p in (fresh / "results").iterdir()) == ["garbage.json"]
+    assert not (fresh / "gradebook-canvas.csv").exists(), "FRESH=1 keeps none of the earlier run's options"
+    assert json.loads((fresh / "state.json").read_text())["seed"] != state["seed"]
+
+
 def test_missing_fences_are_named():
     gaps = Fences(sandbox=False, drop_user=False, memory=False, pids=False).missing()
     assert any("bubblewrap" in g for g in gaps) and any("prlimit" in g for g in gaps)
@@ -341,9 +444,10 @@ def two_students(graded):
     subs.mkdir()
     for sub in ("results", "executed", "feedback", "logs"):
         (out2 / sub).mkdir(parents=True)
-    shutil.copy(out / "state.json", out2)
+    state = json.loads((out / "state.json").read_text())
+    (out2 / "state.json").write_text(json.dumps({**state, "submissions": str(subs.resolve())}))
     for student in ("correct", "partly", "garbage"):
-        shutil.copy(root / "submissions" / f"{student}.ipynb", subs)
+        shutil.copy2(root / "submissions" / f"{student}.ipynb", subs)
         shutil.copy(out / "results" / f"{student}.json", out2 / "results")
     return root, subs, out2
 
@@ -370,14 +474,22 @@ def test_resume_grades_only_missing_and_failed_students(two_students):
     assert json.loads((out / "state.json").read_text())["seed"] == seed
 
 
-def test_only_regrades_the_named_student(two_students):
+def test_only_regrades_the_named_student(two_students, capsys):
     # The named student is the unreadable notebook: its grading starts no kernel (~5 CPU-s for partly's).
     root, subs, out = two_students
-    before = {s: os.stat(out / "results" / f"{s}.json").st_mtime_ns for s in ("correct", "garbage")}
+    before = json.loads((out / "results" / "correct.json").read_text())["seconds"]
+    garbage = json.loads((out / "results" / "garbage.json").read_text())
+    (out / "results" / "garbage.json").write_text(json.dumps({**garbage, "seconds": 99.0}))
+    assert grading.main(["--lab", "97", "--submissions", str(subs), "--out", str(out), "--probes",
+                         str(root / "probes"), "--solutions", str(root / "solutions"), "--labs", str(root / "labs"),
+                         "--only", "garbage"]) == 0
+    said = capsys.readouterr().out
+    assert re.match(rf"graded 1 submission \(\d+ kept from the earlier run\) into {re.escape(str(out))}/grades.csv",
+                    said), said
+    assert f"wrote {out}/gradebook-canvas.csv" in said, "the run's own options, though none was given"
+    assert json.loads((out / "results" / "correct.json").read_text())["seconds"] == before
+    assert json.loads((out / "results" / "garbage.json").read_text())["seconds"] != 99.0, "the named one is graded"
     options = dict(probes_dir=root / "probes", labs_dir=root / "labs", solutions_dir=root / "solutions")
-    grading.grade("97", subs, out, only=["garbage"], **options)
-    assert os.stat(out / "results" / "correct.json").st_mtime_ns == before["correct"]
-    assert os.stat(out / "results" / "garbage.json").st_mtime_ns != before["garbage"], "the named one is graded"
     with pytest.raises(grading.GradingError, match="--only nobody: no such submission; students: correct, "):
         grading.grade("97", subs, out, only=["nobody"], **options)
 

@@ -65,6 +65,8 @@ def start(out, lab, fingerprint, submissions, *, resume=False, only=False, fresh
     out, submissions = pathlib.Path(out), str(pathlib.Path(submissions).resolve())
     if fresh and (resume or only):
         raise StateError("FRESH=1 (--fresh) deletes the run that RESUME=1 or ONLY= would continue: pass one of them")
+    if out.exists() and not out.is_dir():
+        raise StateError(f"OUT={out} is a file, not a folder: pass a new or empty folder as OUT")
     if resume or only:
         return _continued(out, lab, fingerprint, submissions)
     entries = sorted(out.iterdir()) if out.is_dir() else []

@@ -204,3 +204,32 @@ def by_public_checks(question, results, offset, names=(), skip=(), rtol=1e-5, at
             return False, why
         return compare(_without(expected, skip), _without(actual, skip), rtol, atol)
     return judge
+
+
+def tensors_only(value):
+    """The tensors of a plain value, in their places (numbers and text dropped): what must equal the solution's where
+    the structure around them may rightly differ (a ring's own order of messages: its rows, its bytes per rank)."""
+    if isinstance(value, dict) and "__tensor__" in value:
+        return value
+    if isinstance(value, dict):
+        kept = {k: tensors_only(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v not in (None, [], {})}
+    if isinstance(value, list):
+        kept = [tensors_only(v) for v in value]
+        return [v for v in kept if v not in (None, [], {})]
+    return None
+
+
+def replayed(question, common, modulo, names, *, project=None, rtol=1e-5, atol=1e-6, convert=None):
+    """A judge by the question's public checks, replayed in the grader on the record the probe made in the kernel
+    (helpers/grading/replay.py): the value passes when no check fails on it and project(value) equals the solution's
+    (default: the whole record). common: the check module holding OFFSET (its name), set to seed % modulo."""
+    from helpers.grading import replay
+
+    def judge(expected, actual, seed):
+        why = replay.first_failure(question, actual, common, seed % modulo, names, convert)
+        if why:
+            return False, why
+        see = project or (lambda value: value)
+        return compare(see(expected), see(actual), rtol, atol)
+    return judge

@@ -17,6 +17,9 @@ BYTES_NUMEL = 30_001
 BYTES_WORLD_SIZES = (3, 4)  # at N = 2 an unchunked ring sends (N-1) S = 2(N-1)/N S: it needs N >= 3
 BYTES_TOLERANCE = 0.01
 P2P_OPS = {"send", "recv"}
+# Added to the seeds and values of the checks' data: 0 here. The grader's hidden tests run these checks with it set
+# from their secret seed (helpers/grading/replay.py), so they say what the check says of other data.
+OFFSET = 0
 
 
 # --- running on ranks ------------------------------------------------------------------------------
@@ -34,7 +37,7 @@ def _launch(fn, world_size, args, what):
 
 def _rank_data(shape, dtype, rank, seed=0):
     """A rank's input: different on every rank, reproducible on any rank (so each can compute the sum)."""
-    generator = torch.Generator().manual_seed(1000 * seed + rank)
+    generator = torch.Generator().manual_seed(1000 * (seed + 7 * OFFSET) + rank)
     if dtype == "int64":
         return torch.randint(-1000, 1000, shape, generator=generator)
     return torch.randn(shape, generator=generator)

@@ -3,6 +3,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.comm import CommLedger
+from helpers.grading.checks.lab02 import common
 from helpers.grading.checks.lab02.common import (
     BYTES_NUMEL,
     BYTES_WORLD_SIZES,
@@ -21,8 +22,8 @@ from helpers.grading.registry import answer, public_check
 def _global_vector(numel, dtype):
     """The vector every rank holds a chunk of in the all-gather checks: 0.5, 1.5, 2.5, ... (exact)."""
     if dtype == "int64":
-        return torch.arange(numel) * 3 - 7
-    return torch.arange(numel, dtype=torch.float32) + 0.5
+        return torch.arange(numel) * 3 - 7 + common.OFFSET
+    return torch.arange(numel, dtype=torch.float32) + 0.5 + common.OFFSET
 
 
 def _on_ranks_all_gather(fn, cases):

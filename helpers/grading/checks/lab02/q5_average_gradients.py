@@ -4,6 +4,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from helpers.comm import CommLedger
+from helpers.grading.checks.lab02 import common
 from helpers.grading.checks.lab02.common import ATOL, RTOL, _launch
 from helpers.grading.registry import answer, public_check
 
@@ -14,12 +15,12 @@ TRAIN_STEPS, TRAIN_LR, TRAIN_BATCH = 3, 0.1, 12  # 12 samples: equal shards on 1
 # --- 2.5 average_gradients: different data on every rank, identical parameters at the end ----------
 
 def _tiny_model():
-    torch.manual_seed(0)  # the same initial weights on every rank and in the single-process reference
+    torch.manual_seed(common.OFFSET)  # the same initial weights on every rank and in the single-process reference
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
 
 
 def _global_batch():
-    generator = torch.Generator().manual_seed(1)
+    generator = torch.Generator().manual_seed(1 + 7 * common.OFFSET)
     return torch.randn(TRAIN_BATCH, 4, generator=generator), torch.randn(TRAIN_BATCH, 2, generator=generator)
 
 

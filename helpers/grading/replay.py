@@ -17,6 +17,7 @@ be replayed: the stand-in raises NotReplayed and the check is passed over; a que
 a probe of its own.
 """
 import importlib
+import inspect
 import threading
 
 from helpers.errors import CollectiveHang, CollectiveMismatch, LaunchError, RankFailed
@@ -95,27 +96,46 @@ class _Routed:
         return False
 
 
-def record(question, namespace, common, offset):
-    """[{"result": per-rank results} or {"raised": the launcher's exception}] of every launch the question's public
-    checks make on the namespace (the kernel's), each with OFFSET = offset on its ranks."""
+def _recording(fn, calls):
+    """fn, its results (or its exceptions) appended to calls: an answer the checks call in the kernel."""
+    def answer(*args, **kwargs):
+        try:
+            result = fn(*args, **kwargs)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            calls.append({"raised": {"type": type(exc).__name__, "message": str(exc)}})
+            raise
+        calls.append({"result": keep_tuples(result)})
+        return result
+    answer.__name__, answer.__qualname__, answer.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    return answer
+
+
+def record(question, namespace, common, offset, answers=()):
+    """{"launches": [{"result": per-rank results} or {"raised": the launcher's exception}], "calls": [...]}: every
+    launch the question's public checks make on the namespace (the kernel's), each with OFFSET = offset on its ranks,
+    and every call they make in the kernel to one of `answers` that is a function (its result, or its exception)."""
     from helpers.grading.registry import checks_for
 
-    calls = []
+    launches, calls = [], []
 
     def recording(fn, world_size, *, args=(), kwargs=None, **options):
         try:
             result = _dispatch.real(_at_offset, world_size, args=(common, offset, fn, tuple(args), kwargs or {}),
                                     **options)
         except LaunchError as exc:
-            calls.append({"raised": _described(exc)})
+            launches.append({"raised": _described(exc)})
             raise
-        calls.append({"result": keep_tuples(result)})
+        launches.append({"result": keep_tuples(result)})
         return result
 
+    seen = {**namespace, **{name: _recording(namespace[name], calls) for name in answers
+                            if inspect.isfunction(namespace.get(name))}}
     with _Routed(recording, common, offset):
         for _, check in checks_for(question):
             try:
-                check(namespace)
+                check(seen)
             except NotImplementedError:
                 raise
             except RankFailed as exc:
@@ -123,7 +143,7 @@ def record(question, namespace, common, offset):
                     raise NotImplementedError(str(exc)) from None
             except Exception:  # noqa: BLE001, S110 - the grader judges the record, not the kernel's verdict
                 pass
-    return calls
+    return {"launches": launches, "calls": calls}
 
 
 class _StandIn(type):
@@ -141,16 +161,27 @@ class _StandIn(type):
         return missing
 
 
+def _raised(raised):
+    """An exception like the one recorded: the builtin of that name (ValueError...), else an Exception saying it."""
+    import builtins
+
+    kind = getattr(builtins, raised.get("type", ""), None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        return kind(raised.get("message", ""))
+    return Exception(f"{raised.get('type')}: {raised.get('message', '')}")
+
+
 def first_failure(question, recorded, common, offset, names, convert=None):
     """The first line of the first public check of `question` that fails on the record, or None; names: the answers
-    the checks look up (stand-ins here). convert(results) rebuilds what JSON changed beyond tuples (int keys)."""
+    the checks look up (stand-ins here: a function answers from the record's calls, in order; anything else raises
+    NotReplayed). convert(results) rebuilds what JSON changed beyond tuples (int keys)."""
     from helpers.grading.plain import from_plain
-    from helpers.grading.registry import checks_for
 
-    calls = iter(restore_tuples(from_plain(recorded)))
+    record_ = restore_tuples(from_plain(recorded))
+    launches, calls = iter(record_.get("launches", [])), iter(record_.get("calls", []))
 
     def replaying(fn, world_size, **options):
-        item = next(calls, None)
+        item = next(launches, None)
         if item is None:
             raise NotReplayed("the record ran out")
         if "raised" in item:
@@ -158,15 +189,43 @@ def first_failure(question, recorded, common, offset, names, convert=None):
         result = item["result"]
         return convert(result) if convert else result
 
-    stand_ins = {name: _StandIn(name, (), {}) for name in names}
+    def answered(*args, **kwargs):
+        item = next(calls, None)
+        if item is None:
+            raise NotReplayed("the record ran out")
+        if "raised" in item:
+            raise _raised(item["raised"])
+        return item["result"]
+
+    stand_ins = {name: answered if kind == "function" else _StandIn(name, (), {})
+                 for name, kind in _kinds(record_, names).items()}
     with _Routed(replaying, common, offset):
-        for _, check in checks_for(question):
-            try:
-                check(dict(stand_ins))
-            except AssertionError as exc:
-                return (str(exc).strip().splitlines() or ["failed"])[0]
-            except NotReplayed:
-                continue
-            except Exception:  # noqa: BLE001, S112 - a check that could not read the record: not this value's verdict
-                continue
-    return None
+        return first_line(question, lambda check: check(dict(stand_ins)))
+
+
+def first_line(question, run):
+    """The reason of the first [FAIL] line check() would print for the question's checks, each run as run(check):
+    a failed run of the ranks first, then the other failures in the checks' order (check.report_lines); None if none
+    fails. A check that raises anything but an AssertionError (NotReplayed: it calls the answer itself; or it could
+    not read what it was given) is passed over."""
+    from helpers.grading.check import report_lines
+    from helpers.grading.registry import checks_for
+
+    outcomes = []
+    for name, check in checks_for(question):
+        try:
+            run(check)
+        except AssertionError as exc:
+            outcomes.append((name, "failed", str(exc) or "assertion failed", exc))
+        except Exception:  # noqa: BLE001, S112 - not this value's verdict
+            continue
+    failed = [line for line in report_lines(question, outcomes) if line.startswith("[FAIL]")]
+    if not failed:
+        return None
+    reason = failed[0].split(": ", 1)[1] if ": " in failed[0] else failed[0]
+    return (reason.strip().splitlines() or ["failed"])[0]
+
+
+def _kinds(record_, names):
+    """{name: "function" when the record holds calls of it, else "other"} (the checks call one answer in the kernel)."""
+    return {name: "function" if record_.get("calls") else "other" for name in names}

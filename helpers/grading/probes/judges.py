@@ -174,7 +174,7 @@ def by_public_checks(question, results, offset, names=(), skip=(), rtol=1e-5, at
     ledger rows otherwise; convert(value) rebuilds what JSON changed further (int keys)."""
     from helpers.grading.plain import from_plain
     from helpers.grading.probe_runtime import restore_tuples
-    from helpers.grading.registry import checks_for
+    from helpers.grading.replay import first_line
 
     module, name = results
     common, modulo = offset
@@ -186,17 +186,10 @@ def by_public_checks(question, results, offset, names=(), skip=(), rtol=1e-5, at
         setattr(module, name, lambda *args, **kwargs: value)
         common.OFFSET = seed % modulo
         try:
-            for _, check in checks_for(question):
-                try:
-                    check({n: None for n in names})
-                except AssertionError as exc:
-                    return (str(exc).strip().splitlines() or ["failed"])[0]
-                except Exception:  # noqa: BLE001, S112 - a check that calls the answer itself: not this value's
-                    continue
+            return first_line(question, lambda check: check({n: None for n in names}))
         finally:
             setattr(module, name, original)
             common.OFFSET = original_offset
-        return None
 
     def judge(expected, actual, seed):
         why = first_failure(actual, seed)
@@ -220,14 +213,16 @@ def tensors_only(value):
     return None
 
 
-def replayed(question, common, modulo, names, *, project=None, rtol=1e-5, atol=1e-6, convert=None):
+def replayed(question, common, modulo, names, *, project=None, rtol=1e-5, atol=1e-6, convert=None, record=None):
     """A judge by the question's public checks, replayed in the grader on the record the probe made in the kernel
     (helpers/grading/replay.py): the value passes when no check fails on it and project(value) equals the solution's
-    (default: the whole record). common: the check module holding OFFSET (its name), set to seed % modulo."""
+    (default: the whole record). common: the check module holding OFFSET (its name), set to seed % modulo;
+    record: the key of the record in the value (None: the value is the record)."""
     from helpers.grading import replay
 
     def judge(expected, actual, seed):
-        why = replay.first_failure(question, actual, common, seed % modulo, names, convert)
+        why = replay.first_failure(question, actual[record] if record else actual, common, seed % modulo, names,
+                                   convert)
         if why:
             return False, why
         see = project or (lambda value: value)

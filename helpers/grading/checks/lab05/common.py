@@ -9,19 +9,22 @@ from helpers.grading.shared_run import launch_gloo as launch  # starts no ranks 
 TOL = 1e-5  # float32 parameters of size ~0.3 after 2-3 SGD steps; sums in another order differ by ~1e-7
 HANG_TIMEOUT = 15.0  # seconds without progress before a check reports a hang
 D_IN, HIDDEN, N_CLASSES = 6, 32, 3
+# Added to the seeds of the checks' models and data: 0 here. The grader's hidden tests run these checks with it set
+# from their secret seed (helpers/grading/replay.py), so they say what the check says of other weights and data.
+OFFSET = 0
 
 
 # ---------------------------------------------------------------------------------------------- shared pieces
 def make_model(seed=0):
     """A tiny classifier, identical on every rank for the same seed."""
-    torch.manual_seed(seed)
+    torch.manual_seed(seed + 1_000_003 * OFFSET)
     return nn.Sequential(nn.Linear(D_IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(),
                          nn.Linear(HIDDEN, N_CLASSES))
 
 
 def make_batch(n, seed):
     """n samples: x (n, D_IN), labels y (n,)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1_000_003 * OFFSET)
     return torch.randn(n, D_IN, generator=g), torch.randint(0, N_CLASSES, (n,), generator=g)
 
 

@@ -140,6 +140,11 @@ def watch(state, channel, hang_timeout):
         time.sleep(_WATCH_PERIOD_S)
         if state.phase == "finished":
             return
+        if state.phase in ("starting", "rendezvous"):
+            # Joining the group is the launcher's work, not the learner's: on a loaded machine it took over lab 02's
+            # 3 s (every rank "still joining", reported as a deadlock). init_group's store timeout bounds it.
+            last_key, since = None, time.monotonic()
+            continue
         frame = sys._current_frames().get(state.main_ident)
         # Same frame, same bytecode offset, same collective count: no progress at all.
         key = (id(frame), frame.f_lasti if frame else None, state.sequence_number())

@@ -1,9 +1,26 @@
-"""Hidden tests of lab 06: the formulas on inputs the public checks do not use, and a 3-rank and a 2-rank replica."""
+"""Hidden tests of lab 06: the formulas on inputs the public checks do not use, and the replica (6.4).
+
+6.1 to 6.3 are scored on secret inputs; a wrong value is named by the question's public checks, replayed in the
+grader on the student's answers to the checks' own inputs (helpers/grading/replay.py). 6.4 records its public check
+(3 ranks, each replica's weights and data moved by the checks' OFFSET from the secret seed) and the grader replays it.
+"""
 import dataclasses
 
 from helpers.grading.probes import Probe
+from helpers.grading.probes.judges import replayed, tensors_only
 
-SETUP = '''
+COMMON = "helpers.grading.checks.lab06.common"
+OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
+ANSWERS = {"6.1": "model_state_bytes", "6.2": "largest_model", "6.3": "activation_bytes", "6.4": "train_replica"}
+
+SETUP = f'''
+from helpers.grading.replay import record as _probe_record_checks
+
+
+def _probe_record(question, answer, names):
+    """The public checks' launches and calls of the answers (names), with OFFSET from the secret seed."""
+    return _probe_record_checks(question, globals(), {COMMON!r}, _PROBE_SEED % {OFFSETS}, names)
+
 import torch as _probe_torch
 import torch.distributed as _probe_dist
 from helpers.grading.shared_run import launch_gloo as _probe_launch
@@ -11,24 +28,8 @@ from helpers.grading.shared_run import launch_gloo as _probe_launch
 _probe_s = 1 + (_PROBE_SEED % 997) / 997
 
 
-def _probe_replica(train_replica, seed, steps, lr):
-    rank = _probe_dist.get_rank()
-    _probe_torch.manual_seed(_PROBE_SEED + seed + rank)
-    model = _probe_torch.nn.Sequential(_probe_torch.nn.Linear(5, 7), _probe_torch.nn.ReLU(),
-                                       _probe_torch.nn.Linear(7, 2))
-    g = _probe_torch.Generator().manual_seed(_PROBE_SEED + seed + 100 + rank)
-    X, Y = _probe_torch.randn(6, 5, generator=g), _probe_torch.randn(6, 2, generator=g)
-    counts = train_replica(model, X, Y, steps=steps, lr=lr)
-    flat = _probe_torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return flat, {k: int(counts[k]) for k in ("params", "grads", "optimizer")}
-
-
-def _probe_run_replica(train_replica, world_size, seed, steps, lr):
-    """[parameters of every rank (world_size x 58), rank 0's model-state bytes]."""
-    results = _probe_launch(_probe_replica, world_size, args=(train_replica, seed, steps, lr), backend="gloo",
-                            hang_timeout=10)
-    return [_probe_torch.stack([flat for flat, _ in results]), results[0][1]]
 '''
+
 
 PROBES = [
     # 6.1: odd world sizes and non-default conventions
@@ -55,12 +56,22 @@ PROBES = [
     Probe("6.3", "two ReLU blocks",
           "activation_bytes(2 + _PROBE_SEED % 3, 9, 16, 4, 24, n_layers=2, activation='relu')"),
     Probe("6.3", "GPT-2 small, 12 layers", "activation_bytes(8 + _PROBE_SEED % 4, 1024, 768, 12, 3072, n_layers=12)"),
-    # 6.4: multi-rank, an odd and an even world size
-    Probe("6.4", "3 ranks: parameters of every rank and model-state bytes",
-          "_probe_run_replica(train_replica, 3, 7, 4, 0.05)", points=2),
-    Probe("6.4", "2 ranks: parameters of every rank and model-state bytes",
-          "_probe_run_replica(train_replica, 2, 11, 3, 0.02)"),
+    Probe("6.4", "3 ranks, different weights and data: identical replicas equal to one process, the bytes held",
+          '_probe_record("6.4", (train_replica, model_state_bytes), ("model_state_bytes",))', points=3,
+          judge=replayed("6.4", COMMON, OFFSETS, ("train_replica", "model_state_bytes"), project=tensors_only)),
 ]
+
+def _recorded(probe):
+    """A formula's probe: its value on the secret inputs (scored), and the record of the public checks' calls."""
+    if probe.question == "6.4":
+        return probe
+    answer = ANSWERS[probe.question]
+    expr = (f'{{"value": {probe.expr}, "record": _probe_record({probe.question!r}, {answer}, ({answer!r},))}}')
+    return dataclasses.replace(probe, expr=expr, judge=replayed(probe.question, COMMON, OFFSETS, (answer,),
+                                                                 record="record", project=lambda value: value["value"]))
+
+
+PROBES = [_recorded(p) for p in PROBES]
 
 # Using the course's own formulas scores 0 on the questions that rebuild it.
 _FORBIDDEN = ("helpers.theory", "helpers.theory_comm", "helpers.widgets")
@@ -68,5 +79,5 @@ PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) if p.question in ('6.1', 
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
 # solution's versions bound in their place (helpers/grading/reference.py): largest_model searches with
-# model_state_bytes.
-USES = {'6.2': ('6.1',)}
+# model_state_bytes; 6.4's check compares the bytes a replica holds with model_state_bytes.
+USES = {'6.2': ('6.1',), '6.4': ('6.1',)}

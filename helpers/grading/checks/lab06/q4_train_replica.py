@@ -5,6 +5,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from helpers.errors import CollectiveHang, RankFailed
+from helpers.grading.checks.lab06 import common
 from helpers.grading.checks.lab06.common import KEYS
 from helpers.grading.registry import answer, public_check
 from helpers.grading.shared_run import SharedRun, definitions, run_failed
@@ -33,7 +34,7 @@ TENSORS_6_4 = len(list(_model_6_4().parameters()))
 
 
 def _data_6_4(rank):
-    g = torch.Generator().manual_seed(10 + rank)
+    g = torch.Generator().manual_seed(10 + rank + 1000 * common.OFFSET)
     return torch.randn(N_LOCAL, D_IN, generator=g), torch.randn(N_LOCAL, D_OUT, generator=g)
 
 
@@ -43,7 +44,7 @@ def _replica_on_rank(train_replica):
     Rank 0 also computes the one-process reference afterwards (rank processes have torch.optim loaded already).
     """
     rank = dist.get_rank()
-    torch.manual_seed(rank)
+    torch.manual_seed(rank + 1000 * common.OFFSET)
     model = _model_6_4()
     X, Y = _data_6_4(rank)
     counts = train_replica(model, X, Y, steps=STEPS_6_4, lr=LR_6_4)
@@ -54,7 +55,7 @@ def _replica_on_rank(train_replica):
 
 def _one_process_reference():
     """Rank 0's initialisation, torch's Adam on the union of the ranks' samples (equal sizes: same mean gradient)."""
-    torch.manual_seed(0)
+    torch.manual_seed(1000 * common.OFFSET)  # rank 0's initialisation, which the replicas broadcast
     model = _model_6_4()
     params = list(model.parameters())
     X, Y = (torch.cat(parts) for parts in zip(*(_data_6_4(r) for r in range(WORLD_SIZE))))  # (24, 6), (24, 3)

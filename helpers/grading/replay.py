@@ -113,12 +113,13 @@ def _recording(fn, calls):
 
 
 def record(question, namespace, common, offset, answers=()):
-    """{"launches": [{"result": per-rank results} or {"raised": the launcher's exception}], "calls": [...]}: every
-    launch the question's public checks make on the namespace (the kernel's), each with OFFSET = offset on its ranks,
-    and every call they make in the kernel to one of `answers` that is a function (its result, or its exception)."""
+    """{"launches": [{"result": per-rank results} or {"raised": the launcher's exception}], "calls": {name: [...]}}:
+    every launch the question's public checks make on the namespace (the kernel's), each with OFFSET = offset on its
+    ranks, and every call they make in the kernel to one of `answers` that is a function (its result, or its
+    exception)."""
     from helpers.grading.registry import checks_for
 
-    launches, calls = [], []
+    launches = []
 
     def recording(fn, world_size, *, args=(), kwargs=None, **options):
         try:
@@ -130,8 +131,9 @@ def record(question, namespace, common, offset, answers=()):
         launches.append({"result": keep_tuples(result)})
         return result
 
-    seen = {**namespace, **{name: _recording(namespace[name], calls) for name in answers
-                            if inspect.isfunction(namespace.get(name))}}
+    recorded = [name for name in answers if inspect.isfunction(namespace.get(name))]
+    calls = {name: [] for name in recorded}
+    seen = {**namespace, **{name: _recording(namespace[name], calls[name]) for name in recorded}}
     # A function of its own: the checks' memoized runs, keyed by every function and class in reach, run afresh (a
     # public check cell run before would have left its run, at OFFSET 0).
     seen["_probe_record_run"] = lambda: None
@@ -176,12 +178,13 @@ def _raised(raised):
 
 def first_failure(question, recorded, common, offset, names, convert=None):
     """The first line of the first public check of `question` that fails on the record, or None; names: the answers
-    the checks look up (stand-ins here: a function answers from the record's calls, in order; anything else raises
-    NotReplayed). convert(results) rebuilds what JSON changed beyond tuples (int keys)."""
+    the checks look up (stand-ins here: one whose calls were recorded answers from them, in order; any other raises
+    NotReplayed when used). convert(results) rebuilds what JSON changed beyond tuples (int keys)."""
     from helpers.grading.plain import from_plain
 
     record_ = restore_tuples(from_plain(recorded))
-    launches, calls = iter(record_.get("launches", [])), iter(record_.get("calls", []))
+    launches = iter(record_.get("launches", []))
+    calls = record_.get("calls") if isinstance(record_.get("calls"), dict) else {}
 
     def replaying(fn, world_size, **options):
         item = next(launches, None)
@@ -192,16 +195,18 @@ def first_failure(question, recorded, common, offset, names, convert=None):
         result = item["result"]
         return convert(result) if convert else result
 
-    def answered(*args, **kwargs):
-        item = next(calls, None)
-        if item is None:
-            raise NotReplayed("the record ran out")
-        if "raised" in item:
-            raise _raised(item["raised"])
-        return item["result"]
+    def answering(items):
+        def answered(*args, **kwargs):
+            item = next(items, None)
+            if item is None:
+                raise NotReplayed("the record ran out")
+            if "raised" in item:
+                raise _raised(item["raised"])
+            return item["result"]
+        return answered
 
-    stand_ins = {name: answered if kind == "function" else _StandIn(name, (), {})
-                 for name, kind in _kinds(record_, names).items()}
+    stand_ins = {name: answering(iter(calls[name])) if isinstance(calls.get(name), list) else _StandIn(name, (), {})
+                 for name in names}
     with _Routed(replaying, common, offset):
         return first_line(question, lambda check: check(dict(stand_ins)))
 
@@ -209,8 +214,8 @@ def first_failure(question, recorded, common, offset, names, convert=None):
 def first_line(question, run):
     """The reason of the first [FAIL] line check() would print for the question's checks, each run as run(check):
     a failed run of the ranks first, then the other failures in the checks' order (check.report_lines); None if none
-    fails. A check that raises anything but an AssertionError (NotReplayed: it calls the answer itself; or it could
-    not read what it was given) is passed over."""
+    fails. A check that raises NotReplayed (it calls an answer the record holds no call of) is passed over; any other
+    exception fails it, as check() reports it."""
     from helpers.grading.check import report_lines
     from helpers.grading.registry import checks_for
 
@@ -220,15 +225,12 @@ def first_line(question, run):
             run(check)
         except AssertionError as exc:
             outcomes.append((name, "failed", str(exc) or "assertion failed", exc))
-        except Exception:  # noqa: BLE001, S112 - not this value's verdict
+        except NotReplayed:
             continue
+        except Exception as exc:  # noqa: BLE001 - as check() reports it: the answer's own exception, recorded
+            outcomes.append((name, "failed", f"{type(exc).__name__}: {exc}", exc))
     failed = [line for line in report_lines(question, outcomes) if line.startswith("[FAIL]")]
     if not failed:
         return None
     reason = failed[0].split(": ", 1)[1] if ": " in failed[0] else failed[0]
     return (reason.strip().splitlines() or ["failed"])[0]
-
-
-def _kinds(record_, names):
-    """{name: "function" when the record holds calls of it, else "other"} (the checks call one answer in the kernel)."""
-    return {name: "function" if record_.get("calls") else "other" for name in names}

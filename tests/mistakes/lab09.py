@@ -1,5 +1,7 @@
 """Lab 09 (PyTorch FSDP): the wrong rules for choosing a strategy, fully_shard's reshard_after_forward and units,
 and a budgeted run that uses the wrong byte convention, measures at one point only or returns local shards."""
+import nbformat
+
 from helpers.grading.labgen import ROOT
 from tests.mistakes import Mistake
 
@@ -9,6 +11,13 @@ _GIVEN = '''
 STRATEGY_ORDER = ("no_shard", "shard_grad_op", "hybrid_shard", "full_shard")
 FP32_ADAM = {"k": 8, "param_bytes": 4, "grad_bytes": 4}
 '''
+
+def _solution_cell(cell_id, old, new):
+    """The solution's answer cell with one edit (which must apply: the solution may have changed)."""
+    source = next(c.source for c in nbformat.read(SOLUTION, as_version=4).cells if c.get("id") == cell_id)
+    assert source.count(old) == 1, f"{cell_id}: {old!r} is not in the solution once; update the mistake"
+    return source.replace(old, new)
+
 
 # 9.1's solution with its memory test, cost, comparison or convention replaceable
 _CHOOSE = '''
@@ -85,12 +94,11 @@ def train_within_budget(make_model, batches, memory_budget_bytes, *, lr, block_t
 '''
 
 _MISTAKES += [
-    Mistake("9.3", "the strategy chosen with the 2 + 2 + 12 convention", '''
-_choose = choose_strategy
-
-def choose_strategy(num_params, world_size, memory_budget_bytes, *, group_size=None, **convention):
-    return _choose(num_params, world_size, memory_budget_bytes, group_size=group_size)
-''', ("default 2 + 2 + 12", "**FP32_ADAM")),
+    # 9.3's own line: choose_strategy called without the convention (9.1's answer is not the mistake: the grader
+    # runs 9.3 with the solution's 9.1)
+    Mistake("9.3", "the strategy chosen with the 2 + 2 + 12 convention",
+            _solution_cell("lab09-q3", "memory_budget_bytes, **FP32_ADAM)", "memory_budget_bytes)"),
+            ("default 2 + 2 + 12", "**FP32_ADAM")),
     Mistake("9.3", "local shards returned, not full parameters", _TRAIN.format(body='''
     result = _train(make_model, batches, memory_budget_bytes, lr=lr, block_types=block_types)
     model = make_model()

@@ -1,7 +1,33 @@
-"""Hidden tests of lab 09 (a strategy for a memory budget). Public in this repository: see the README."""
-from helpers.grading.probes import Probe
+"""Hidden tests of lab 09 (a strategy for a memory budget). Public in this repository: see the README.
 
-SETUP = '''
+9.1 and 9.2 are scored on secret inputs (models and block widths the public checks do not use); a wrong value is named
+by the question's public checks replayed in the grader on the student's answers to the checks' own inputs and runs
+(helpers/grading/replay.py, recorded once per probe cell). 9.3 records its public checks (their nets and data moved
+by the checks' OFFSET from the secret seed) and the grader replays them.
+"""
+import dataclasses
+
+from helpers.grading.probes import Probe
+from helpers.grading.probes.judges import replayed, tensors_only
+
+COMMON = "helpers.grading.checks.lab09.common"
+OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
+ANSWERS = {"9.1": ("choose_strategy",), "9.2": ("apply_strategy",),
+           "9.3": ("train_within_budget", "choose_strategy", "apply_strategy")}
+
+SETUP = f'''
+from helpers.grading.replay import record as _probe_record_checks
+
+_probe_records = {{}}
+
+
+def _probe_record(question, answers, names):
+    """The public checks' launches and calls of the answers (names), with OFFSET from the secret seed: once a cell."""
+    if question not in _probe_records:
+        _probe_records[question] = _probe_record_checks(question, globals(), {COMMON!r}, _PROBE_SEED % {OFFSETS},
+                                                        names)
+    return _probe_records[question]
+
 import torch as _probe_torch
 import torch.distributed as _probe_dist
 import torch.nn.functional as _probe_F
@@ -61,31 +87,31 @@ def _probe_apply(strategies):
     from torch.distributed.device_mesh import init_device_mesh
     n = _probe_dist.get_world_size()
     x, y = _probe_batches(1)[0]
-    out = {}
+    out = {{}}
     for strategy in strategies:
         shape = (2, n // 2) if strategy == "hybrid_shard" else (n,)
         names = ("replicate", "shard") if strategy == "hybrid_shard" else None
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         model = apply_strategy(_probe_make(), mesh, strategy, (_probe_Cell,))
-        summary = {}
+        summary = {{}}
         with _probe_Ledger() as ledger:
             with ledger.tag("forward"):
                 loss = _probe_F.mse_loss(model(x), y)
             with ledger.tag("backward"):
                 loss.backward()
         for r in ledger.records:
-            key = f"{r.label} {r.op} over {r.group_size}"
+            key = f"{{r.label}} {{r.op}} over {{r.group_size}}"
             calls, nbytes = summary.get(key, (0, 0))
             summary[key] = (calls + 1, nbytes + r.payload_bytes)
-        out[strategy] = {k: list(v) for k, v in sorted(summary.items())}
+        out[strategy] = {{k: list(v) for k, v in sorted(summary.items())}}
     return out
 
 
 def _probe_train(budget):
     result = train_within_budget(_probe_make, _probe_batches(2), budget, lr=0.02, block_types=(_probe_Cell,))
-    comm = {op: t["payload_bytes"] for op, t in sorted(result["comm"].items())}
-    return {"strategy": result["strategy"], "within_budget": result["state_bytes"]["total"] <= budget,
-            "comm": comm, "params": [p.float() for p in result["params"]]}
+    comm = {{op: t["payload_bytes"] for op, t in sorted(result["comm"].items())}}
+    return {{"strategy": result["strategy"], "within_budget": result["state_bytes"]["total"] <= budget,
+            "comm": comm, "params": [p.float() for p in result["params"]]}}
 
 
 _probe_PSI = sum(p.numel() for p in _probe_make().parameters())
@@ -106,11 +132,24 @@ PROBES = [
           points=2),
     Probe("9.2", "4 ranks: HSDP on a 2 x 2 mesh",
           "_probe_launch(_probe_apply, 4, args=(('hybrid_shard',),), hang_timeout=20)[0]", points=2),
-    Probe("9.3", "3 ranks, a budget for ZeRO-2",
-          "_probe_launch(_probe_train, 3, args=(10 * _probe_PSI,), hang_timeout=20)", points=2),
-    Probe("9.3", "2 ranks, a budget for DDP",
-          "_probe_launch(_probe_train, 2, args=(17 * _probe_PSI,), hang_timeout=20)", points=2),
+    Probe("9.3", "3 and 2 ranks, budgets for FSDP and ZeRO-2: the strategy, the budget kept, Adam's parameters",
+          '_probe_record("9.3", (train_within_budget, choose_strategy, apply_strategy), ("choose_strategy",))',
+          points=4, judge=replayed("9.3", COMMON, OFFSETS, ANSWERS["9.3"], project=tensors_only)),
 ]
+
+def _recorded(probe):
+    """9.1's and 9.2's probes: the value on secret inputs (scored), and the record of the public checks."""
+    if probe.question == "9.3":
+        return probe
+    answers = ANSWERS[probe.question]
+    names = answers if probe.question == "9.1" else ()
+    expr = (f'{{"value": {probe.expr}, "record": _probe_record({probe.question!r}, ({", ".join(answers)},), '
+            f'{names!r})}}')
+    return dataclasses.replace(probe, expr=expr, judge=replayed(probe.question, COMMON, OFFSETS, answers,
+                                                                 record="record", project=lambda value: value["value"]))
+
+
+PROBES = [_recorded(p) for p in PROBES]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
 # solution's versions bound in their place (helpers/grading/reference.py): train_within_budget calls choose_strategy

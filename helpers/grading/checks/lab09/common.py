@@ -44,14 +44,19 @@ class Net(nn.Module):
         return self.head(x)
 
 
+# Added to the seeds of the checks' nets and data: 0 here. The grader's hidden tests run these checks with it set
+# from their secret seed (helpers/grading/replay.py), so they say what the check says of other weights and data.
+OFFSET = 0
+
+
 def make_net():
-    torch.manual_seed(0)
+    torch.manual_seed(1_000_003 * OFFSET)
     return Net()
 
 
 def rank_batches(rank, steps=STEPS):
     """This rank's batches: different on every rank and at every step."""
-    generator = torch.Generator().manual_seed(900 + rank)
+    generator = torch.Generator().manual_seed(900 + rank + 1_000_003 * OFFSET)
     return [(torch.randn(BATCH, D_IN, generator=generator), torch.randn(BATCH, D_OUT, generator=generator))
             for _ in range(steps)]
 

@@ -51,18 +51,18 @@ def test_a_comment_or_docstring_is_not_a_shortcut():
 
 def test_forged_values_of_lab_10_score_zero():
     # The attack that once scored 5/5 on the old 10.3: _evaluate patched to return the booleans the old probe
-    # computed in the kernel. Every lab 10 probe now compares raw values with the solution's run for the same seed.
+    # computed in the kernel. Every lab 10 probe now judges every rank's raw run (the public checks run on it, the
+    # solution's run in PyTorch's place) and compares it with the solution's run for the same seed.
     forged = {"steps": 20, "identical": True, "different_data": True, "loss_fell": True, "matches_ddp": True}
-    solution = {"digests": ["a", "a"], "params": {"__tensor__": "float32", "shape": [2], "data": [0.5, -0.25]},
-                "losses": [4.0, 3.9], "grads": {"__tensor__": "float32", "shape": [2], "data": [0.1, 0.2]}}
+    tensor = {"__tensor__": "float32", "shape": [2], "data": [0.5, -0.25]}
+    rank = {"losses": [4.0, 3.9], "params": tensor, "grads": tensor, "batches": "a", "state": {"params": 8},
+            "comm": [{"all_reduce": {"calls": 1, "payload_bytes": 8, "wire_bytes": 10}}], "layout": {"buckets": 1}}
+    solution = [{**rank, "batches": b} for b in "abc"]
     for probe in probe_files.load("10")[1]:
-        expected = solution if probe.judge else [{"all_gather": {"calls": 2, "payload_bytes": 96, "wire_bytes": 64}}]
-        assert probe.grade(expected, expected, seed=5)[0], probe.name
-        passed, _ = probe.grade(expected, forged, seed=5)
-        assert not passed, probe.name
-    split = {**solution, "digests": ["a", "b"]}
-    graded = probe_files.load("10")[1][0].grade(solution, split, seed=5)
-    assert graded == (False, "the ranks end with different parameters")
+        assert not probe.grade(solution, forged, seed=5)[0], probe.name
+    split = [*solution[:2], {**solution[2], "params": {**tensor, "data": [0.5, 0.0]}}]
+    passed, message = probe_files.load("10")[1][0].grade(solution, split, seed=5)
+    assert not passed and "rank 2's parameters differ from rank 0's" in message, message
 
 
 def test_each_question_has_its_own_secret_seed():

@@ -1,53 +1,35 @@
 """Hidden tests of lab 10 (the capstone with the student's own components). Public in this repository: see the README.
 
-Each question trains chapter 10's GPT once per probe cell with the student's component (`capstone.yours.train`),
-at sizes drawn from the question's secret seed (initialisation, context length, width), and its probes read parts
-of that one run: the parameters (a digest per rank, rank 0's values), the losses and the first mean gradient; the
-collectives every rank issued per step (CommLedger totals); the bytes a rank holds between steps. The grader
-compares them with the solution's run for the same seed: values within what summation order explains, collectives
-and bytes exactly. PyTorch's counterparts run in the public checks, not here: the solution is the reference.
+Each question trains chapter 10's GPT once with the student's component (`capstone.yours.train`, the public checks'
+rank function) on the checks' 3 ranks, at sizes drawn from the question's secret seed (initialisation, context
+length, width), and returns every rank's results. The grader runs the question's public checks on that run, with the
+solution's run for the same seed in the place of PyTorch's counterpart (the solution is the reference; the two agree
+within the checks' tolerances), so the feedback says what the check says; and it requires the solution's values
+(within what summation order explains), collectives and bytes held (exactly).
 
 The report's analysis (10.4) is graded by hand: MANUAL below; INSTRUCTORS.md has its rubric.
 """
+from helpers.grading.checks.lab10 import q1_reducer as q1
+from helpers.grading.checks.lab10 import q2_zero2 as q2
+from helpers.grading.checks.lab10 import q3_flat_shard as q3
 from helpers.grading.probes import Manual, Probe
 
 SETUP = '''
 # The ranks train with torch.optim.AdamW (capstone/yours.py): the grader preloads torch._dynamo for them (grade.py).
-import hashlib as _probe_hashlib
 from helpers.grading.shared_run import launch_gloo as _probe_launch
 from helpers.grading.checks.lab10 import common as _probe_lab10
 
-_probe_cache = {}
 
-
-def _probe_run(kind, bring, world_size, n_layer):
-    """The student's run at secret sizes: launched once per probe cell (a failure too), read by every probe."""
-    if kind not in _probe_cache:
-        cfg = _probe_lab10.config(seed=_PROBE_SEED % 1000, steps=2, block_size=6 + _PROBE_SEED % 7,
-                                  n_embd=8 + 4 * (_PROBE_SEED % 3), n_layer=n_layer, bucket_cap_mb=2 / 1024)
-        data = _probe_lab10._capstone("data").load_corpus()[1]
-        try:
-            _probe_cache[kind] = _probe_launch(_probe_lab10._train_on_rank, world_size,
-                                               args=(kind, bring(), data, cfg), hang_timeout=30)
-        except Exception as exc:
-            _probe_cache[kind] = exc
-    if isinstance(_probe_cache[kind], Exception):
-        raise _probe_cache[kind]
-    return _probe_cache[kind]
-
-
-def _probe_values(runs):
-    """Raw: a digest of every rank's parameters, rank 0's parameters, losses and first mean gradient."""
-    return {"digests": [_probe_hashlib.sha256(r["params"].numpy().tobytes()).hexdigest() for r in runs],
-            "params": runs[0]["params"], "losses": runs[0]["losses"], "grads": runs[0]["grads"]}
-
-
-def _probe_comm(runs):
-    return [r["comm"] for r in runs]
-
-
-def _probe_state(runs):
-    return [r["state"] for r in runs]
+def _probe_run(question, kind, name, bring, valid, what, n_layer):
+    """The student's run at secret sizes on the checks' 3 ranks, the component first looked at as the check does
+    (a bring function that returns nothing says so): every rank's results but its timings."""
+    component = _probe_lab10.brought({name: bring}, name, question, valid, what)
+    cfg = _probe_lab10.config(seed=_PROBE_SEED % 1000, steps=2, block_size=6 + _PROBE_SEED % 7,
+                              n_embd=8 + 4 * (_PROBE_SEED % 3), n_layer=n_layer, bucket_cap_mb=2 / 1024)
+    data = _probe_lab10._capstone("data").load_corpus()[1]
+    runs = _probe_launch(_probe_lab10._train_on_rank, _probe_lab10.WORLD_SIZE, args=(kind, component, data, cfg),
+                         hang_timeout=30)
+    return [{k: v for k, v in run.items() if k not in ("kind", "seconds")} for run in runs]
 '''
 
 
@@ -70,25 +52,60 @@ def _judge_values(expected, actual, seed):
     return True, ""
 
 
+def _digested(runs):
+    """What _judge_values reads of a run: a digest of every rank's parameters, rank 0's values."""
+    import hashlib
+
+    return {"digests": [hashlib.sha256(repr(r["params"]["data"]).encode()).hexdigest() for r in runs],
+            "params": runs[0]["params"], "losses": runs[0]["losses"], "grads": runs[0]["grads"]}
+
+
+def _by_checks(question, module):
+    """The question's public checks run in the grader on the student's run, the solution's run in PyTorch's place
+    (the two agree within the checks' tolerances): their first failure is the feedback's line. Then the solution's
+    values (within what summation order explains), and its collectives and bytes held, exactly."""
+    def judge(expected, actual, seed):
+        from helpers.grading.plain import compare, from_plain
+        from helpers.grading.replay import first_line
+
+        mine, theirs = from_plain(actual), from_plain(expected)
+        original = module._runs
+        module._runs = lambda ns: (mine, theirs)
+        try:
+            why = first_line(question, lambda check: check({}))
+        finally:
+            module._runs = original
+        if why:
+            return False, why
+        ok, message = _judge_values(_digested(expected), _digested(actual), seed)
+        if not ok:
+            return ok, message
+        return compare([[r["comm"], r["state"]] for r in expected], [[r["comm"], r["state"]] for r in actual])
+    return judge
+
+
 # The library implementation each question's component replaces: using it scores 0 (shortcuts.py).
 _FORBIDDEN = {"10.1": ("DistributedDataParallel",),
               "10.2": ("ZeroRedundancyOptimizer", "DistributedDataParallel"),
               "10.3": ("fully_shard", "FullyShardedDataParallel")}
-_RUNS = {"10.1": '_probe_run("reducer", bring_reducer, 2, 1)',
-         "10.2": '_probe_run("zero2", bring_zero2, 3, 1)',
-         "10.3": '_probe_run("flatshard", bring_flat_shard, 3, 2)'}
-_WHERE = {"10.1": "2 ranks, a GPT of secret sizes, 2 steps", "10.2": "3 ranks, a GPT of secret sizes, 2 steps",
+_RUNS = {"10.1": '_probe_run("10.1", "reducer", "bring_reducer", bring_reducer, lambda c: isinstance(c, type), '
+                 '"return the class itself: end bring_reducer with `return Reducer`", 1)',
+         "10.2": '_probe_run("10.2", "zero2", "bring_zero2", bring_zero2, lambda c: isinstance(c, tuple) and len(c) '
+                 '== 2 and all(callable(f) for f in c), "end bring_zero2 with `return reduce_scatter_gradients, '
+                 'zero_adamw_step`, the two functions themselves", 1)',
+         "10.3": '_probe_run("10.3", "flatshard", "bring_flat_shard", bring_flat_shard, lambda c: isinstance(c, '
+                 'type), "return the class itself: end bring_flat_shard with `return FlatShard`", 2)'}
+_WHERE = {"10.1": "3 ranks, a GPT of secret sizes, 2 steps", "10.2": "3 ranks, a GPT of secret sizes, 2 steps",
           "10.3": "3 ranks, a GPT of 2 blocks and secret sizes, 2 steps"}
+_POINTS = {"10.1": 3, "10.2": 4, "10.3": 4}
+_MODULES = {"10.1": q1, "10.2": q2, "10.3": q3}
 
-PROBES = []
-for _q in ("10.1", "10.2", "10.3"):
-    PROBES.append(Probe(_q, f"{_WHERE[_q]}: identical parameters on every rank, the solution's values",
-                        f"_probe_values({_RUNS[_q]})", points=2, judge=_judge_values, forbidden=_FORBIDDEN[_q]))
-    PROBES.append(Probe(_q, "the collectives every rank issued in every step, and their bytes",
-                        f"_probe_comm({_RUNS[_q]})", forbidden=_FORBIDDEN[_q]))
-    if _q != "10.1":  # a Reducer holds what DDP holds; ZeRO-2 and FlatShard hold shards
-        PROBES.append(Probe(_q, "the bytes every rank holds between steps", f"_probe_state({_RUNS[_q]})",
-                            forbidden=_FORBIDDEN[_q]))
+PROBES = [Probe(q, f"{_WHERE[q]}: identical parameters on every rank, the solution's values, the collectives every "
+                   "rank issued in every step and their bytes" + (", the bytes held between steps" if q != "10.1"
+                                                                  else ""),
+                _RUNS[q], points=_POINTS[q], judge=_by_checks(q, _MODULES[q]), forbidden=_FORBIDDEN[q],
+                hint=_MODULES[q].HINT)
+          for q in ("10.1", "10.2", "10.3")]
 
 MANUAL = [Manual("10.4", "the report's analysis: two paragraphs on your measurements (rubric: INSTRUCTORS.md, lab 10)",
                  points=6, cell="report-analysis")]

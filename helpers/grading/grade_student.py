@@ -78,6 +78,8 @@ def score(probes, expected, values, sources, seed, secrets=()):
             ok, mark["message"] = probe.grade(expected[probe.question][probe.name]["value"], got["value"],
                                               answer_source=sources.get(probe.question, ""), seed=seed)
             mark["earned"] = probe.points if ok else 0.0
+        if not mark.get("quoted") and leaked_lines(mark["message"], *secrets):  # a check's line quoting an answer
+            mark["message"] = GRADER_CODE
         if got is not None and "own" in got:  # the probes ran again with the student's own earlier answers (info)
             mark["own"] = "value" in got["own"] and probe.grade(
                 expected[probe.question][probe.name]["value"], got["own"]["value"],

@@ -176,13 +176,23 @@ def _raised(raised):
     return Exception(f"{raised.get('type')}: {raised.get('message', '')}")
 
 
-def first_failure(question, recorded, common, offset, names, convert=None):
+def _int_keys(value):
+    """JSON made a dict's int keys text ({3: ...} -> {"3": ...}): back to ints."""
+    if isinstance(value, dict):
+        return {int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k: _int_keys(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_int_keys(v) for v in value)
+    return value
+
+
+def first_failure(question, recorded, common, offset, names, convert=None, given=None):
     """The first line of the first public check of `question` that fails on the record, or None; names: the answers
     the checks look up (stand-ins here: one whose calls were recorded answers from them, in order; any other raises
-    NotReplayed when used). convert(results) rebuilds what JSON changed beyond tuples (int keys)."""
+    NotReplayed when used). convert(results) rebuilds what JSON changed beyond tuples (int keys); given: the lab's own
+    definitions the checks use in the kernel (a given class they build a reference with), the released lab's."""
     from helpers.grading.plain import from_plain
 
-    record_ = restore_tuples(from_plain(recorded))
+    record_ = _int_keys(restore_tuples(from_plain(recorded)))
     launches = iter(record_.get("launches", []))
     calls = record_.get("calls") if isinstance(record_.get("calls"), dict) else {}
 
@@ -207,6 +217,7 @@ def first_failure(question, recorded, common, offset, names, convert=None):
 
     stand_ins = {name: answering(iter(calls[name])) if isinstance(calls.get(name), list) else _StandIn(name, (), {})
                  for name in names}
+    stand_ins.update(given or {})
     with _Routed(replaying, common, offset):
         return first_line(question, lambda check: check(dict(stand_ins)))
 

@@ -213,18 +213,22 @@ def tensors_only(value):
     return None
 
 
-def replayed(question, common, modulo, names, *, project=None, rtol=1e-5, atol=1e-6, convert=None, record=None):
+def replayed(question, common, modulo, names, *, project=None, rtol=1e-5, atol=1e-6, convert=None, record=None,
+             given=None):
     """A judge by the question's public checks, replayed in the grader on the record the probe made in the kernel
     (helpers/grading/replay.py): the value passes when no check fails on it and project(value) equals the solution's
     (default: the whole record). common: the check module holding OFFSET (its name), set to seed % modulo;
-    record: the key of the record in the value (None: the value is the record)."""
+    record: the key of the record in the value (None: the value is the record); given(): the released lab's
+    definitions the checks use (replay.first_failure)."""
     from helpers.grading import replay
 
     def judge(expected, actual, seed):
         why = replay.first_failure(question, actual[record] if record else actual, common, seed % modulo, names,
-                                   convert)
+                                   convert, given() if given else None)
         if why:
             return False, why
+        if isinstance(actual, dict) and "failed" in actual:  # the scored run raised; its record named nothing
+            return False, f"the run raised {actual['failed']}: run the public check to see where"
         see = project or (lambda value: value)
         return compare(see(expected), see(actual), rtol, atol)
     return judge

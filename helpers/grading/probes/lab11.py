@@ -1,11 +1,45 @@
 """Hidden tests of lab 11 (operating data parallelism). Public in this repository: see the README.
 
 Each probe runs the student's fixed function on ranks with data, sizes, steps and (11.4) the crash step drawn from
-the question's secret seed, and returns raw values: counts, update counts, parameters.
+the question's secret seed, and returns raw values: counts, update counts, parameters (scored). A wrong value is named
+by the question's public checks, recorded in the kernel once per probe cell (11.2's and 11.3's models and data moved
+by the checks' OFFSET from the secret seed) and replayed in the grader (helpers/grading/replay.py).
 """
-from helpers.grading.probes import Probe
+import dataclasses
+import functools
 
-SETUP = '''
+from helpers.grading.probes import Probe
+from helpers.grading.probes.judges import replayed
+
+COMMON = "helpers.grading.checks.lab11.common"
+OFFSETS = 1  # the records run the public checks on their own inputs (OFFSET 0): the scored values are the probes'
+
+ANSWERS = {"11.1": ("class_counts",), "11.2": ("train_until",), "11.3": ("train_ddp", "WithAuxHead"),
+           "11.4": ("save_checkpoint", "load_checkpoint", "make_model", "rank_batch")}
+
+SETUP = f'''
+from helpers.grading.replay import record as _probe_record_checks
+
+_probe_records = {{}}
+
+
+def _probe_record(question, answers, names):
+    """The public checks' launches and calls of the answers (names), on the checks' own inputs: once a cell."""
+    if question not in _probe_records:
+        _probe_records[question] = _probe_record_checks(question, globals(), {COMMON!r}, 0, names)
+    return _probe_records[question]
+
+
+def _probe_with_record(value, question, answers, names):
+    """{{"value": value()}} or, when it raises, {{"failed": its class}}; with the record of the question's checks."""
+    record = _probe_record(question, answers, names)
+    try:
+        return {{"value": value(), "record": record}}
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        return {{"failed": type(exc).__name__, "record": record}}
+
 import os as _probe_os
 import shutil as _probe_shutil
 import tempfile as _probe_tempfile
@@ -59,7 +93,7 @@ def _probe_until(target, lr):
     model = _probe_model().to(_probe_device())
     X, Y = (t.to(_probe_device()) for t in _probe_shards(_probe_dist.get_world_size())[_probe_dist.get_rank()])
     steps = train_until(model, X, Y, target=target, lr=lr, max_steps=12)
-    return {"updates": steps, "params": [p.detach().cpu() for p in model.parameters()]}
+    return {{"updates": steps, "params": [p.detach().cpu() for p in model.parameters()]}}
 
 
 def _probe_ddp():
@@ -115,6 +149,35 @@ PROBES = [
     Probe("11.4", "a save torn half-way through torch.save leaves the checkpoint before it whole",
           "_probe_torn_save()", points=1, rtol=0.0, atol=0.0),
 ]
+
+@functools.cache
+def _given():
+    """The released lab's WithAuxHead (11.3's checks build their reference with it), from its own cells."""
+    import nbformat
+
+    from helpers.grading.labgen import ROOT
+    from helpers.grading.reference import kept
+
+    lab = nbformat.read(next((ROOT / "labs").glob("11_*.ipynb")), as_version=4)
+    namespace = {"__name__": "_probe_lab11_given"}
+    for cell in lab.cells:
+        if cell.cell_type == "code" and not cell.get("metadata", {}).get("dp_course", {}).get("answers"):
+            exec(compile(kept(cell), "<lab 11>", "exec"), namespace)  # noqa: S102 - the released lab's given code
+    return {"WithAuxHead": namespace["WithAuxHead"]}
+
+
+def _recorded(probe):
+    """The probe's value (scored), and the record of its question's public checks (what names a wrong value)."""
+    answers = ANSWERS[probe.question]
+    given = _given if probe.question == "11.3" else None
+    expr = (f'_probe_with_record(lambda: {probe.expr}, {probe.question!r}, ({", ".join(answers)},), '
+            f'{answers[:1]!r})')
+    return dataclasses.replace(probe, expr=expr, judge=replayed(
+        probe.question, COMMON, OFFSETS, [a for a in answers if a != "WithAuxHead"], record="record",
+        project=lambda value: value.get("value"), rtol=probe.rtol, atol=probe.atol, given=given))
+
+
+PROBES = [_recorded(p) for p in PROBES]
 
 # No question's probes call another question's answer (helpers/grading/reference.py).
 USES = {}

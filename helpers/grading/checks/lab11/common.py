@@ -11,6 +11,10 @@ TOL = 1e-6
 
 _memoized = SharedRun()  # one launch serves every check of a question
 
+# Added to the seeds of 11.2's and 11.3's models and data: 0 here. The grader's hidden tests run those checks with it
+# set from their secret seed (helpers/grading/replay.py), so they say what the check says of other weights and data.
+OFFSET = 0
+
 
 def _launch(fn, *args, hint="", world_size=WORLD_SIZE):
     """Run fn on Gloo ranks; a hang or a dead rank becomes a failure whose first words are the hint."""

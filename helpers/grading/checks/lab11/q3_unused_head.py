@@ -6,6 +6,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from helpers.backend import rank_device
+from helpers.grading.checks.lab11 import common
 from helpers.grading.checks.lab11.common import TOL, WORLD_SIZE, _flat, _launch, _max_diff, _memoized
 from helpers.grading.registry import answer, public_check
 from helpers.grading.shared_run import definitions, run_failed
@@ -17,13 +18,13 @@ _HINT_UNUSED = ("DDP expected a gradient for every parameter, and aux_head got n
 
 
 def _data(rank):
-    g = torch.Generator().manual_seed(SEED * 10 + rank)  # a different shard on every rank
+    g = torch.Generator().manual_seed(SEED * 10 + rank + 1000 * common.OFFSET)  # a different shard on every rank
     X = torch.randn(ROWS, D_IN, generator=g)
     return X, torch.randn(ROWS, D_OUT, generator=g)
 
 
 def _model(WithAuxHead):
-    torch.manual_seed(SEED)
+    torch.manual_seed(SEED + 1000 * common.OFFSET)
     return WithAuxHead(D_IN, D_OUT)
 
 

@@ -17,9 +17,15 @@ SETUP = f'''
 from helpers.grading.replay import record as _probe_record_checks
 
 
+_probe_records = {{}}
+
+
 def _probe_record(question, answers, names):
-    """The public checks' launches and calls of the answers (names), with OFFSET from the secret seed."""
-    return _probe_record_checks(question, globals(), {COMMON!r}, _PROBE_SEED % {OFFSETS}, names)
+    """The public checks' launches and calls of the answers (names), with OFFSET from the secret seed: once a cell."""
+    if question not in _probe_records:
+        _probe_records[question] = _probe_record_checks(question, globals(), {COMMON!r}, _PROBE_SEED % {OFFSETS},
+                                                        names)
+    return _probe_records[question]
 
 import torch as _probe_torch
 import torch.distributed as _probe_dist

@@ -245,3 +245,21 @@ def first_line(question, run):
         return None
     reason = failed[0].split(": ", 1)[1] if ": " in failed[0] else failed[0]
     return (reason.strip().splitlines() or ["failed"])[0]
+
+
+def record_setup(common, offset):
+    """Probe SETUP lines defining _probe_record(question, answers, names) in the graded kernel: the record of the
+    question's public checks (launches and calls of the answers `names`), made once a cell, with the checks' OFFSET
+    set to `offset` (source text: "_PROBE_SEED % 1000" for secret inputs, "0" for the checks' own)."""
+    return f'''
+from helpers.grading.replay import record as _probe_record_checks
+
+_probe_records = {{}}
+
+
+def _probe_record(question, answers, names):
+    """The public checks' launches and calls of the answers (names), with OFFSET {offset}: once a cell."""
+    if question not in _probe_records:
+        _probe_records[question] = _probe_record_checks(question, globals(), {common!r}, {offset}, names)
+    return _probe_records[question]
+'''

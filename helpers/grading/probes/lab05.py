@@ -9,23 +9,12 @@ public checks replayed on the student's answers to their own (public) inputs.
 """
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import replayed, tensors_only
+from helpers.grading.replay import record_setup
 
 COMMON = "helpers.grading.checks.lab05.common"
 OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
 
-SETUP = f'''
-from helpers.grading.replay import record as _probe_record_checks
-
-
-_probe_records = {{}}
-
-
-def _probe_record(question, answers, names):
-    """The public checks' launches and calls of the answers (names), with OFFSET from the secret seed: once a cell."""
-    if question not in _probe_records:
-        _probe_records[question] = _probe_record_checks(question, globals(), {COMMON!r}, _PROBE_SEED % {OFFSETS},
-                                                        names)
-    return _probe_records[question]
+SETUP = record_setup(COMMON, f"_PROBE_SEED % {OFFSETS}") + '''
 
 import torch as _probe_torch
 import torch.distributed as _probe_dist
@@ -37,7 +26,7 @@ from helpers.simulate import Link as _probe_Link
 
 # Inputs scale with the question's secret seed: an output memorised for one call is worth nothing.
 _probe_s = 1 + (_PROBE_SEED % 997) / 997
-_probe_links = {{"fast": _probe_Link("probe fast", 2e-6, 200e9), "slow": _probe_Link("probe slow", 50e-6, 1e9)}}
+_probe_links = {"fast": _probe_Link("probe fast", 2e-6, 200e9), "slow": _probe_Link("probe slow", 50e-6, 1e9)}
 
 '''
 

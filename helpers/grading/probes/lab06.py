@@ -8,24 +8,13 @@ import dataclasses
 
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import replayed, tensors_only
+from helpers.grading.replay import record_setup
 
 COMMON = "helpers.grading.checks.lab06.common"
 OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
 ANSWERS = {"6.1": "model_state_bytes", "6.2": "largest_model", "6.3": "activation_bytes", "6.4": "train_replica"}
 
-SETUP = f'''
-from helpers.grading.replay import record as _probe_record_checks
-
-
-_probe_records = {{}}
-
-
-def _probe_record(question, answers, names):
-    """The public checks' launches and calls of the answers (names), with OFFSET from the secret seed: once a cell."""
-    if question not in _probe_records:
-        _probe_records[question] = _probe_record_checks(question, globals(), {COMMON!r}, _PROBE_SEED % {OFFSETS},
-                                                        names)
-    return _probe_records[question]
+SETUP = record_setup(COMMON, f"_PROBE_SEED % {OFFSETS}") + '''
 
 import torch as _probe_torch
 import torch.distributed as _probe_dist

@@ -9,24 +9,14 @@ import dataclasses
 
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import replayed, tensors_only
+from helpers.grading.replay import record_setup
 
 COMMON = "helpers.grading.checks.lab09.common"
 OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
 ANSWERS = {"9.1": ("choose_strategy",), "9.2": ("apply_strategy",),
            "9.3": ("train_within_budget", "choose_strategy", "apply_strategy")}
 
-SETUP = f'''
-from helpers.grading.replay import record as _probe_record_checks
-
-_probe_records = {{}}
-
-
-def _probe_record(question, answers, names):
-    """The public checks' launches and calls of the answers (names), with OFFSET from the secret seed: once a cell."""
-    if question not in _probe_records:
-        _probe_records[question] = _probe_record_checks(question, globals(), {COMMON!r}, _PROBE_SEED % {OFFSETS},
-                                                        names)
-    return _probe_records[question]
+SETUP = record_setup(COMMON, f"_PROBE_SEED % {OFFSETS}") + '''
 
 import torch as _probe_torch
 import torch.distributed as _probe_dist
@@ -87,31 +77,31 @@ def _probe_apply(strategies):
     from torch.distributed.device_mesh import init_device_mesh
     n = _probe_dist.get_world_size()
     x, y = _probe_batches(1)[0]
-    out = {{}}
+    out = {}
     for strategy in strategies:
         shape = (2, n // 2) if strategy == "hybrid_shard" else (n,)
         names = ("replicate", "shard") if strategy == "hybrid_shard" else None
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         model = apply_strategy(_probe_make(), mesh, strategy, (_probe_Cell,))
-        summary = {{}}
+        summary = {}
         with _probe_Ledger() as ledger:
             with ledger.tag("forward"):
                 loss = _probe_F.mse_loss(model(x), y)
             with ledger.tag("backward"):
                 loss.backward()
         for r in ledger.records:
-            key = f"{{r.label}} {{r.op}} over {{r.group_size}}"
+            key = f"{r.label} {r.op} over {r.group_size}"
             calls, nbytes = summary.get(key, (0, 0))
             summary[key] = (calls + 1, nbytes + r.payload_bytes)
-        out[strategy] = {{k: list(v) for k, v in sorted(summary.items())}}
+        out[strategy] = {k: list(v) for k, v in sorted(summary.items())}
     return out
 
 
 def _probe_train(budget):
     result = train_within_budget(_probe_make, _probe_batches(2), budget, lr=0.02, block_types=(_probe_Cell,))
-    comm = {{op: t["payload_bytes"] for op, t in sorted(result["comm"].items())}}
-    return {{"strategy": result["strategy"], "within_budget": result["state_bytes"]["total"] <= budget,
-            "comm": comm, "params": [p.float() for p in result["params"]]}}
+    comm = {op: t["payload_bytes"] for op, t in sorted(result["comm"].items())}
+    return {"strategy": result["strategy"], "within_budget": result["state_bytes"]["total"] <= budget,
+            "comm": comm, "params": [p.float() for p in result["params"]]}
 
 
 _probe_PSI = sum(p.numel() for p in _probe_make().parameters())

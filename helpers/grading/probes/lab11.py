@@ -10,6 +10,7 @@ import functools
 
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import replayed
+from helpers.grading.replay import record_setup
 
 COMMON = "helpers.grading.checks.lab11.common"
 OFFSETS = 1  # the records run the public checks on their own inputs (OFFSET 0): the scored values are the probes'
@@ -17,28 +18,18 @@ OFFSETS = 1  # the records run the public checks on their own inputs (OFFSET 0):
 ANSWERS = {"11.1": ("class_counts",), "11.2": ("train_until",), "11.3": ("train_ddp", "WithAuxHead"),
            "11.4": ("save_checkpoint", "load_checkpoint", "make_model", "rank_batch")}
 
-SETUP = f'''
-from helpers.grading.replay import record as _probe_record_checks
-
-_probe_records = {{}}
-
-
-def _probe_record(question, answers, names):
-    """The public checks' launches and calls of the answers (names), on the checks' own inputs: once a cell."""
-    if question not in _probe_records:
-        _probe_records[question] = _probe_record_checks(question, globals(), {COMMON!r}, 0, names)
-    return _probe_records[question]
+SETUP = record_setup(COMMON, "0") + '''
 
 
 def _probe_with_record(value, question, answers, names):
-    """{{"value": value()}} or, when it raises, {{"failed": its class}}; with the record of the question's checks."""
+    """{"value": value()} or, when it raises, {"failed": its class}; with the record of the question's checks."""
     record = _probe_record(question, answers, names)
     try:
-        return {{"value": value(), "record": record}}
+        return {"value": value(), "record": record}
     except NotImplementedError:
         raise
     except Exception as exc:
-        return {{"failed": type(exc).__name__, "record": record}}
+        return {"failed": type(exc).__name__, "record": record}
 
 import os as _probe_os
 import shutil as _probe_shutil
@@ -93,7 +84,7 @@ def _probe_until(target, lr):
     model = _probe_model().to(_probe_device())
     X, Y = (t.to(_probe_device()) for t in _probe_shards(_probe_dist.get_world_size())[_probe_dist.get_rank()])
     steps = train_until(model, X, Y, target=target, lr=lr, max_steps=12)
-    return {{"updates": steps, "params": [p.detach().cpu() for p in model.parameters()]}}
+    return {"updates": steps, "params": [p.detach().cpu() for p in model.parameters()]}
 
 
 def _probe_ddp():

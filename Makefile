@@ -34,7 +34,7 @@ ONLY ?=
 FRESH ?=
 # make grade ... FORMAT=canvas|gradescope|moodle|csv [ASSIGNMENT="Lab 03 (12345)"]: the LMS's import file
 #            [DEADLINE=2026-12-01T23:59+01:00 [LATE_PER_DAY=0.1] [LATE_MAX_DAYS=7] [TIMES=times.csv]]: a late policy
-# (helpers/grading/gradebook.py: each LMS's columns and how it names an assignment)
+# (helpers/grading/report/gradebook.py: each LMS's columns and how it names an assignment)
 FORMAT ?=
 ASSIGNMENT ?=
 DEADLINE ?=
@@ -105,7 +105,7 @@ test-install: setup
 	$(PY) -m pytest -p no:cacheprovider -m install tests/test_install.py $(PYTEST_ARGS)
 
 labs: setup
-	$(PY) -m helpers.grading.labgen
+	$(PY) -m helpers.grading.prepare.labgen
 
 bench: setup
 	$(PY) -m tests.bench_launch
@@ -124,10 +124,10 @@ grade: setup
 		$(if $(DEADLINE),--deadline '$(DEADLINE)') $(if $(LATE_PER_DAY),--late-per-day '$(LATE_PER_DAY)') \
 		$(if $(LATE_MAX_DAYS),--late-max-days '$(LATE_MAX_DAYS)') $(if $(TIMES),--times '$(TIMES)')
 
-# The student edition, a new repository outside this one; helpers/grading/release.py says what it leaves out.
+# The student edition, a new repository outside this one; helpers/grading/prepare/release.py says what it leaves out.
 release: setup
 	@test -n "$(OUT)" || { echo "usage: make release OUT=../student-repo COURSE_REPO=https://github.com/<owner>/<name>.git (OUT: a new or empty directory outside this one)"; exit 2; }
-	$(PY) -m helpers.grading.release --out '$(OUT)' --course-repo '$(COURSE_REPO)'
+	$(PY) -m helpers.grading.prepare.release --out '$(OUT)' --course-repo '$(COURSE_REPO)'
 
 # Every chapter and solution under papermill with BACKEND="nccl" and world sizes capped at the GPU count, the device
 # guard in its "check" mode, then the capstone under torchrun; scripts/gpu_check.py says what the report holds.

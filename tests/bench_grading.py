@@ -15,8 +15,8 @@ import time
 import nbformat
 
 from helpers.grading import grade as grading
-from helpers.grading.assemble import answer_questions
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.assemble import answer_questions
+from helpers.grading.prepare.labgen import ROOT
 
 
 def make_class(lab, students, directory):

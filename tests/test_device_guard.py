@@ -186,7 +186,7 @@ def test_chapters_run_under_the_guard_and_a_planted_cpu_only_cell_fails(tmp_path
     # (measured: 18-27 -> ~5 CPU-s).
     import nbformat
 
-    from helpers.grading.labgen import ROOT
+    from helpers.grading.prepare.labgen import ROOT
 
     chapters = tmp_path / "chapters"
     chapters.mkdir()
@@ -215,7 +215,7 @@ def test_no_cell_of_the_course_is_cpu_only_by_reading():
     # code cell of the chapters, labs and solutions.
     import nbformat
 
-    from helpers.grading.labgen import ROOT
+    from helpers.grading.prepare.labgen import ROOT
 
     found = []
     for path in sorted(ROOT.glob("chapters/*.ipynb")) + sorted(ROOT.glob("labs/*.ipynb")) + \

@@ -4,7 +4,7 @@ import pytest
 
 from helpers.grading import check
 from helpers.grading.check import MIMETYPE, run_one
-from helpers.grading.labgen import MarkerError, student_notebook, student_source
+from helpers.grading.prepare.labgen import MarkerError, student_notebook, student_source
 from helpers.grading.registry import _CHECKS, answer, public_check
 
 SOLUTION = '''def mean_grad(grads):

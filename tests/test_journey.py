@@ -24,7 +24,7 @@ import urllib.parse
 import nbformat
 import pytest
 
-from helpers.grading.labgen import BEGIN, END
+from helpers.grading.prepare.labgen import BEGIN, END
 from tests.browser_lab import (
     NOTEBOOK,
     MakeLab,

@@ -8,7 +8,7 @@ tests/test_mistakes.py drives through check() once each.
 import pytest
 
 from helpers.grading import check
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.lab_solution import definitions
 
 SOLUTION = ROOT / "solutions" / "02_collectives.ipynb"

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from helpers.grading import check
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.registry import checks_for
 from tests import lab_solution
 from tests.lab_solution import failed

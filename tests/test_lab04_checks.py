@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from helpers.grading.checks.lab04 import common as lab04
 from helpers.grading.checks.lab04 import q1_assign_buckets
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from helpers.launch import launch
 from tests.lab_solution import assert_report_mentions as assert_fails
 from tests.lab_solution import definitions

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from helpers.grading.check import run_one
 from helpers.grading.checks.lab05 import common as lab05
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.registry import checks_for
 from helpers.theory import collective_time, ring_all_reduce_time
 from tests.lab_solution import namespace as run_solution

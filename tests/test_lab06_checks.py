@@ -13,7 +13,7 @@ from helpers.grading.checks.lab06.q3_activation_bytes import (
     reference_activation_bytes,
     saved_activation_bytes,
 )
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.probes import load
 from tests import lab_solution
 
@@ -147,7 +147,7 @@ def test_wrong_replicas_fail(name):
 
 def test_probes_run_on_the_solution():
     """Every single-process probe evaluates on the solution to plain, deterministic data."""
-    from helpers.grading.plain import to_plain
+    from helpers.grading.judge.plain import to_plain
 
     setup, probes = load("06")
     ns = solution_namespace()

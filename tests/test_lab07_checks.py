@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers.grading import check
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.registry import checks_for
 from tests import lab_solution
 from tests.lab_solution import assert_fails, failed

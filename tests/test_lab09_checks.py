@@ -13,7 +13,7 @@ from helpers.grading.checks.lab09.common import FP32_ADAM, make_net, num_params
 from helpers.grading.checks.lab09.q1_choose_strategy import CHOOSE_CASES, cheapest_strategy_that_fits
 from helpers.grading.checks.lab09.q2_apply_strategy import ddp_zero2_and_fsdp_on_a_1d_mesh
 from helpers.grading.checks.lab09.q3_train_within_budget import fsdp_within_budget_on_3_ranks
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests import lab_solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not import this test module

@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 
 from helpers.grading import check
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.registry import checks_for
 from tests import lab_solution
 

@@ -8,7 +8,7 @@ tests/mistakes/lab11.py, run by tests/test_mistakes.py.
 """
 import pytest
 
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.registry import checks_for
 
 SOLUTION = ROOT / "solutions" / "11_operations.ipynb"

@@ -1,7 +1,7 @@
 """Every lab: labs/ is generated from solutions/, solutions pass all checks, labs run to the end.
 
 The same two runs also exercise the lab's hidden tests (probes): each notebook runs with the grader's probe
-cells spliced in after its answers (helpers.grading.assemble), twice, under two secret seeds. The solution must
+cells spliced in after its answers (helpers.grading.prepare.assemble), twice, under two secret seeds. The solution must
 pass every probe, and a value that is right for one seed must fail under the other (an answer memorised for
 one call is worth nothing); the student version must leave every probe "not implemented". One real lab goes
 through the whole grader in tests/grading/test_self_grade.py; running the grader's three kernels for every lab
@@ -14,9 +14,9 @@ import papermill
 import pytest
 
 from helpers.grading import probes as probe_files
-from helpers.grading.assemble import assemble, probe_source, probe_values
 from helpers.grading.check import MIMETYPE
-from helpers.grading.labgen import ROOT, stale_labs, student_source
+from helpers.grading.prepare.assemble import assemble, probe_source, probe_values
+from helpers.grading.prepare.labgen import ROOT, stale_labs, student_source
 from tests.warm_kernels import kernel_name
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))

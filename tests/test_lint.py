@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 
 
 @pytest.mark.timeout(60)

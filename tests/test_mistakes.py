@@ -18,11 +18,12 @@ import textwrap
 import nbformat
 import pytest
 
-from helpers.grading import check, reference
+from helpers.grading import check
 from helpers.grading import probes as probe_files
-from helpers.grading.assemble import question_seed
-from helpers.grading.grade_student import score
-from helpers.grading.probe_runtime import evaluate
+from helpers.grading.judge import reference
+from helpers.grading.prepare.assemble import question_seed
+from helpers.grading.run.grade_student import score
+from helpers.grading.run.probe_runtime import evaluate
 from tests import lab_solution, mistakes
 from tests.mistake_batch import Grouped, selected_ids
 

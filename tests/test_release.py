@@ -16,8 +16,8 @@ import textwrap
 import nbformat
 import pytest
 
-from helpers.grading import answer_scan, release
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare import answer_scan, release
+from helpers.grading.prepare.labgen import ROOT
 from tests.processes import fresh_interpreter_env
 
 REPO = "https://github.com/dp-course/data-parallelism-hands-on.git"  # what an instructor passes as COURSE_REPO
@@ -148,7 +148,7 @@ def test_a_planted_copy_of_a_solution_refuses_the_release(tmp_path, monkeypatch)
     assert "refusing to release: 2 shipped file(s)" in message
     assert f"chapters/capstone/leak.py line 5: lab 8.1's answer ({region.where})" in message
     assert f"chapters/99_leak.ipynb cell 1 line 3: lab 8.1's answer ({region.where})" in message
-    assert "with names changed" in message and "ALLOWED in helpers/grading/release.py" in message
+    assert "with names changed" in message and "ALLOWED in helpers/grading/prepare/release.py" in message
     assert not out.exists(), "nothing is written when the release is refused"
 
 

@@ -47,9 +47,9 @@ START_TIMEOUT_S = 120.0  # the zygote imports torch: ~6 s alone, much longer nex
 # them once instead (~0.9 s each; DP_COURSE_PRELOAD, below), so every rank forked below them has them. Ranks do the
 # same work either way.
 # The grader's probe runtime (for tests/grading's ranks) only where it is: the student release leaves it out
-# (helpers/grading/release.py), and a preload of a module that is not there fails every kernel.
+# (helpers/grading/prepare/release.py), and a preload of a module that is not there fails every kernel.
 GRADING = pathlib.Path(__file__).resolve().parents[1] / "helpers" / "grading"
-RANK_IMPORTS = ["helpers.grading", *["helpers.grading.probe_runtime"] * (GRADING / "probe_runtime.py").is_file(),
+RANK_IMPORTS = ["helpers.grading", *["helpers.grading.run.probe_runtime"] * (GRADING / "probe_runtime.py").is_file(),
                 "torch.distributed.optim", "torch.distributed.checkpoint",
                 *sorted(f"helpers.grading.checks.{d.name}" for d in (GRADING / "checks").glob("lab*"))]
 

@@ -9,11 +9,13 @@
 Writes OUT/grades.csv, OUT/feedback/<student>.md, OUT/executed/<student>.ipynb, OUT/cells.csv (every cell's
 status and duration), OUT/results/<student>.json (what --resume trusts), OUT/logs/ (kernels' own output,
 the grader's errors), OUT/return/<student>/ (what goes back to the student: returns.py), OUT/similarity.md and .csv
-(pairs of students whose answers are unusually alike: helpers/grading/similarity.py) and, with --format, the LMS's
+(pairs of students whose answers are unusually alike: helpers/grading/report/similarity.py) and, with --format, the
+LMS's
 import file OUT/gradebook-FORMAT.csv. With a deadline, grades.csv, the results, the feedback and the LMS file carry
-each student's lateness and `final` points (helpers/grading/gradebook.py, report.py). Only a regular file
+each student's lateness and `final` points (helpers/grading/report/gradebook.py, report.py). Only a regular file
 SUBMISSIONS/<student>.ipynb is read; a symlink, FIFO, device or directory of that name is an `error` row and is never
-opened (helpers/grading/submissions.py). Exits 0 whatever the students did; non-zero only when grading itself cannot
+opened (helpers/grading/prepare/submissions.py). Exits 0 whatever the students did; non-zero only when grading itself
+cannot
 run (no such lab, probes failing on the solution, an unwritable OUT, bad options, an OUT it must not write into).
 
 One OUT holds one run (state.py): an OUT that holds anything is refused, saying what to pass. Each student is graded
@@ -35,11 +37,16 @@ import time
 
 import nbformat
 
-from helpers.grading import cgroup, gradebook, reference, returns, similarity_report, submissions
 from helpers.grading import probes as probe_files
 from helpers.grading import state as run_state
-from helpers.grading.execute import Limits
-from helpers.grading.grade_student import (
+from helpers.grading.judge import reference
+from helpers.grading.prepare import submissions
+from helpers.grading.progress import Progress
+from helpers.grading.report import gradebook, returns, similarity_report
+from helpers.grading.report.report import load_results, write_lms, write_outputs
+from helpers.grading.run import cgroup
+from helpers.grading.run.execute import Limits
+from helpers.grading.run.grade_student import (
     Task,
     grade_student,
     refused_result,
@@ -48,9 +55,7 @@ from helpers.grading.grade_student import (
     write_result,
     zero_marks,
 )
-from helpers.grading.progress import Progress
-from helpers.grading.report import load_results, write_lms, write_outputs
-from helpers.grading.sandbox import available_fences, grading_runs
+from helpers.grading.run.sandbox import available_fences, grading_runs
 from helpers.launcher import forkserver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -104,7 +109,7 @@ def _context():
     # nothing of this process (threads, zmq sockets of the solution's run) leaks into it. Started before the
     # solution's run, it imports them (about 2.5 s) meanwhile.
     # This forkserver is the grader's, not a launcher's, if one runs (helpers.launcher.forkserver).
-    forkserver.ensure_running(["helpers.grading.grade_student"])
+    forkserver.ensure_running(["helpers.grading.run.grade_student"])
     return multiprocessing.get_context("forkserver")
 
 
@@ -428,7 +433,7 @@ def graded_line(results, out):
 
 def _pending(options, results):
     """How many students still lack points for a part graded by hand."""
-    from helpers.grading import manual
+    from helpers.grading.report import manual
 
     items = probe_files.load_manual(f"{int(options.lab):02d}", options.probes)
     points = manual.read_points(options.out, items) if items else {}

@@ -4,7 +4,7 @@ import pathlib
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from helpers.grading.labgen import student_notebook
+from helpers.grading.prepare.labgen import student_notebook
 
 ADD = '''import torch
 

@@ -4,15 +4,15 @@ Executed notebooks are built here with the outputs a kernel gives (IPython 9's e
 the fixture class in test_grade_fixture.py checks the same on a real run (its syntax_error student)."""
 import nbformat
 
-from helpers.grading.answer_errors import GRADER_CODE, failures, holds_grader_code
-from helpers.grading.feedback import feedback_markdown
+from helpers.grading.judge.answer_errors import GRADER_CODE, failures, holds_grader_code
+from helpers.grading.report.feedback import feedback_markdown
 
 SYNTAX = {"output_type": "error", "ename": "SyntaxError", "evalue": "expected ':' (4231927158.py, line 2)",
           "traceback": ["  \x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[3]\x1b[39m\x1b[32m, line 2\x1b[39m\n"
                         "\x1b[31m    def average_gradients(model, world_size)\x1b[39m\n  ^\n"
                         "\x1b[31mSyntaxError\x1b[39m\x1b[31m:\x1b[39m expected ':'\n"]}
 SOURCE_3_3 = "import torch\ndef average_gradients(model, world_size)\n    pass\n"
-PROBE = ("from helpers.grading.probe_runtime import run_probes as _probe_run\n_probe_run('3.2', 'import torch as "
+PROBE = ("from helpers.grading.run.probe_runtime import run_probes as _probe_run\n_probe_run('3.2', 'import torch as "
          "_probe_torch; _secret_setup = 1', [('sums', 'rank_sum(3)')], '9f3ac0d1e2b4a687', 1357913579)\n")
 
 

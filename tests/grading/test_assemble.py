@@ -1,9 +1,9 @@
 """The graded notebook: released cells, the submission's answers, one probe cell per question."""
 import nbformat
 
-from helpers.grading.assemble import assemble
-from helpers.grading.execute import _graded_code
+from helpers.grading.prepare.assemble import assemble
 from helpers.grading.probes import Probe
+from helpers.grading.run.execute import _graded_code
 
 
 def lab(*cells):

@@ -7,11 +7,11 @@ import csv
 
 import pytest
 
-from helpers.grading import gradebook, manual, spreadsheet
 from helpers.grading.probes import Manual, Probe
-from helpers.grading.report import write_outputs
-from helpers.grading.similarity import Answer, Pair
-from helpers.grading.similarity_report import _write_csv as write_similarity_csv
+from helpers.grading.report import gradebook, manual, spreadsheet
+from helpers.grading.report.report import write_outputs
+from helpers.grading.report.similarity import Answer, Pair
+from helpers.grading.report.similarity_report import _write_csv as write_similarity_csv
 
 EVIL = '=HYPERLINK("http:∕∕evil.example","open")'
 HOSTILE_IDS = [EVIL, "+cmd|' -C calc'!A0", "-2+3", "@SUM(A1)", "\tx", "\rx"]

@@ -14,12 +14,12 @@ import nbformat
 import pytest
 
 from helpers.grading import probes as probe_files
-from helpers.grading import reference
-from helpers.grading.assemble import assemble, question_seed
-from helpers.grading.execute import Limits
-from helpers.grading.labgen import ROOT
-from helpers.grading.probe_runtime import evaluate, fill_missing
-from helpers.grading.sandbox import Fences, kernel_argv
+from helpers.grading.judge import reference
+from helpers.grading.prepare.assemble import assemble, question_seed
+from helpers.grading.prepare.labgen import ROOT
+from helpers.grading.run.execute import Limits
+from helpers.grading.run.probe_runtime import evaluate, fill_missing
+from helpers.grading.run.sandbox import Fences, kernel_argv
 from tests import lab_solution
 
 LABS = [f"{n:02d}" for n in range(1, 12)]

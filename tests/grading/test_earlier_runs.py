@@ -5,7 +5,7 @@ state.json (the run's seed and expected values). Checked on the bubblewrap argum
 import json
 
 from helpers.grading.grade import default_limits
-from helpers.grading.sandbox import bwrap_argv, grading_runs
+from helpers.grading.run.sandbox import bwrap_argv, grading_runs
 
 
 def _hidden(argv):

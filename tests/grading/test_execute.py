@@ -4,7 +4,7 @@ import tempfile
 import nbformat
 import pytest
 
-from helpers.grading.execute import Limits, execute
+from helpers.grading.run.execute import Limits, execute
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -2,10 +2,10 @@
 import re
 
 from helpers.errors import RankFailed
-from helpers.grading.feedback import feedback_markdown
-from helpers.grading.grade_student import score
-from helpers.grading.probe_runtime import _evaluate
 from helpers.grading.probes import Probe
+from helpers.grading.report.feedback import feedback_markdown
+from helpers.grading.run.grade_student import score
+from helpers.grading.run.probe_runtime import _evaluate
 
 # An exception class named and worded to forge the feedback's lines (red team, a3) and a leak of 10 KB.
 FORGED = "\n## Question 1.2: 2 / 2\nScore: 10 / 10\n<img src=x onerror=alert(1)>\n- 1.2 probe: passed"
@@ -68,7 +68,7 @@ def test_a_student_id_cannot_forge_the_heading():
 
 
 def test_the_graders_own_reason_is_not_quoted():
-    from helpers.grading.assemble import FORGED as REASON
+    from helpers.grading.prepare.assemble import FORGED as REASON
 
     probe = Probe("1.2", "the loss", "f()")
     got = {"1.2": {"the loss": {"error": REASON, "grader": True}}}

@@ -17,12 +17,12 @@ import pytest
 
 from helpers.grading import grade as grading
 from helpers.grading import state as run_state
-from helpers.grading import submissions
-from helpers.grading.cgroup import PREFIX, pids_root
-from helpers.grading.grade_student import Task
-from helpers.grading.gradebook import AFTER_RUN
-from helpers.grading.report import load_results
-from helpers.grading.sandbox import Fences, available_fences
+from helpers.grading.prepare import submissions
+from helpers.grading.report.gradebook import AFTER_RUN
+from helpers.grading.report.report import load_results
+from helpers.grading.run.cgroup import PREFIX, pids_root
+from helpers.grading.run.grade_student import Task
+from helpers.grading.run.sandbox import Fences, available_fences
 from tests.grading import fixture_lab as lab
 from tests.grading import hostile
 
@@ -56,10 +56,10 @@ SUBMISSIONS = {
     # Its 97.2 cell also prints the kernel's history (In), 97.1's probe cell with it: OUT/return must not show it.
     "fake_score": ("print('score 100')\ndef add(a, b):\n    return a - b\n", WRONG_SUM + "print(In)\n", None, 0, 0,
                    "ok"),
-    "monkeypatch": ("import torch, helpers.grading, helpers.grading.plain\n"
+    "monkeypatch": ("import torch, helpers.grading, helpers.grading.judge.plain\n"
                     "torch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
                     "helpers.grading.check = lambda *a, **k: None\n"
-                    "helpers.grading.plain.compare = lambda *a, **k: (True, '')\n"
+                    "helpers.grading.judge.plain.compare = lambda *a, **k: (True, '')\n"
                     "def add(a, b):\n    return a * 0\n", WRONG_SUM, None, 0, 0, "ok"),
     # These two hand in one 97.2 answer, renamed and reformatted: the similarity report's one pair.
     "edits_check_cell": (CORRECT_ADD, lab.GATHER_SUM, _replace_check, 2, 2, "ok"),
@@ -157,7 +157,7 @@ def test_each_submission_graded_as_it_deserves(graded, student):
 
 def test_progress_and_quiet_logs(graded):
     # The instructor sees students done / total; the kernels' logs hold no c10d "hostname of the client socket"
-    # warning (one per rank before the sandbox had an /etc/hosts: helpers/grading/sandbox.py).
+    # warning (one per rank before the sandbox had an /etc/hosts: helpers/grading/run/sandbox.py).
     root, out, rows, _, _ = graded
     shown = (root / "grader_stderr.txt").read_text()
     graded_ones = len(rows) - len(NOT_REGULAR)  # refused without a grading process

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from helpers.grading.gradebook import (
+from helpers.grading.report.gradebook import (
     FORMATS,
     Total,
     apply_late_policy,

@@ -8,10 +8,10 @@ import re
 import pytest
 
 from helpers.grading import grade as grading
-from helpers.grading.grade_student import write_result
-from helpers.grading.gradebook import AFTER_RUN, NO_TIME, LatePolicy, lateness
 from helpers.grading.probes import Probe
-from helpers.grading.report import write_lms, write_outputs
+from helpers.grading.report.gradebook import AFTER_RUN, NO_TIME, LatePolicy, lateness
+from helpers.grading.report.report import write_lms, write_outputs
+from helpers.grading.run.grade_student import write_result
 
 UTC = datetime.timezone.utc
 PROBES = [Probe("3.1", "a", "x", points=3), Probe("3.2", "b", "x", points=7)]

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from helpers.grading import grade as grading
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 
 pytestmark = pytest.mark.timeout(60)
 NO_SETUP = ("-o", "setup", "-o", ".venv/.installed")  # never (re)install the course here

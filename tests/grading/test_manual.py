@@ -1,12 +1,13 @@
-"""Parts graded by hand (helpers/grading/manual.py): the text found, the sheet kept, the totals and the LMS file."""
+"""Parts graded by hand (helpers/grading/report/manual.py): the text found, the sheet kept, the totals and the LMS
+file."""
 import csv
 
 import nbformat
 import pytest
 
-from helpers.grading import manual
 from helpers.grading.probes import Manual, Probe
-from helpers.grading.report import write_lms, write_outputs
+from helpers.grading.report import manual
+from helpers.grading.report.report import write_lms, write_outputs
 
 ITEMS = [Manual("10.4", "the report's analysis", points=6, cell="report-analysis")]
 PROBES = [Probe("10.1", "a", "x", points=3), Probe("10.2", "b", "x", points=4)]

@@ -5,8 +5,8 @@ import nbformat
 import pytest
 
 from helpers.grading import probes as probe_files
-from helpers.grading.assemble import answer_sources, assemble, question_seed
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.assemble import answer_sources, assemble, question_seed
+from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.probes.judges import point_to_point, ring_bytes
 from helpers.grading.probes.shortcuts import refusal, shortcut
 
@@ -87,7 +87,7 @@ def test_no_solution_is_refused(lab):
     ("def f(t):\n    exec(open('x').read())\n", "exec"),
     ("import importlib\ndef f(t):\n    return importlib.import_module('torch.distributed')\n", "importlib"),
     ("def f(t):\n    return __import__('torch').distributed\n", "__import__"),
-    ("import helpers.grading.probe_runtime as rt\nrt._evaluate = lambda e, n: {'value': 1}\n", "helpers.grading"),
+    ("import helpers.grading.run.probe_runtime as rt\nrt._evaluate = lambda e, n: {'value': 1}\n", "helpers.grading"),
     ("probe_runtime._evaluate = lambda e, n: {'value': 1}\n", "probe_runtime"),
     ("def f():\n    return _PROBE_SEED\n", "_PROBE_SEED"),
     ("def f():\n    return _probe_mine(3)\n", "_probe_*"),
@@ -215,8 +215,8 @@ def test_a_cell_ipython_cleans_up_is_read_as_it_runs():
 
 def test_a_probe_cell_with_a_second_result_counts_for_nothing():
     # An answer called by the probe read the nonce from In[-1] and displayed its own result first: 4/4 on lab 97.
-    from helpers.grading.assemble import FORGED, probe_values
-    from helpers.grading.probe_runtime import PROBE_MIMETYPE
+    from helpers.grading.prepare.assemble import FORGED, probe_values
+    from helpers.grading.run.probe_runtime import PROBE_MIMETYPE
 
     setup, probes = probe_files.load("03")
     released = nbformat.read(glob.glob(str(ROOT / "labs" / "03_*.ipynb"))[0], as_version=4)
@@ -272,7 +272,8 @@ def test_an_answer_that_replaced_display_or_the_launcher_changes_no_probe(monkey
     import IPython
     import IPython.display
 
-    from helpers.grading import probe_runtime, shared_run
+    from helpers.grading import shared_run
+    from helpers.grading.run import probe_runtime
 
     def forged(*args, **kwargs):
         print("FORGED")
@@ -300,8 +301,8 @@ UNREADABLE = ["x = " + "-" * 100000 + "1\n", "x = 1" + "+1" * 200000 + "\n"]
 
 @pytest.mark.parametrize("source", UNREADABLE, ids=["deep-unary", "long-sum"])
 def test_an_answer_the_parser_cannot_read_scores_zero_with_a_reason(source):
-    from helpers.grading.grade_student import score
-    from helpers.grading.scope import outside_names
+    from helpers.grading.prepare.scope import outside_names
+    from helpers.grading.run.grade_student import score
 
     assert refusal(source, ()).startswith("an answer cell run before this probe could not be read")
     probe = _probe("03", "3.1")

@@ -1,4 +1,4 @@
-"""What goes back to a student (helpers/grading/returns.py), on executed notebooks made here: no kernel runs.
+"""What goes back to a student (helpers/grading/report/returns.py), on executed notebooks made here: no kernel runs.
 
 The fixture class's own returned notebooks are checked in tests/grading/test_grade_fixture.py (a canary planted in
 its private PROBES= file)."""
@@ -8,9 +8,9 @@ import nbformat
 import pytest
 
 from helpers.grading import probes as probe_files
-from helpers.grading import returns
-from helpers.grading.assemble import assemble
-from helpers.grading.probe_runtime import PROBE_MIMETYPE
+from helpers.grading.prepare.assemble import assemble
+from helpers.grading.report import returns
+from helpers.grading.run.probe_runtime import PROBE_MIMETYPE
 from tests.grading import fixture_lab as lab
 
 pytestmark = pytest.mark.timeout(60)

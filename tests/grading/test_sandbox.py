@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from helpers.grading.sandbox import available_fences, bwrap_argv, prepare_workdir
+from helpers.grading.run.sandbox import available_fences, bwrap_argv, prepare_workdir
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not available_fences().sandbox, reason="bubblewrap does not run here")]
@@ -75,7 +75,7 @@ def test_fences_hold_for_a_user_who_is_not_root(tmp_path):
 def test_graded_kernels_share_the_cores_between_jobs(tmp_path):
     # One intra-op thread pool per kernel over all cores, two kernels at once: they spin-wait on each other.
     from helpers.grading.grade import kernel_threads
-    from helpers.grading.sandbox import kernel_env
+    from helpers.grading.run.sandbox import kernel_env
 
     cores = os.cpu_count()
     assert kernel_threads(1) == cores and kernel_threads(cores) == 1 and kernel_threads(4 * cores) == 1
@@ -119,7 +119,7 @@ def _disk_use(path):
 
 
 def test_a_submission_cannot_fill_the_graders_disk(tmp_path):
-    from helpers.grading.sandbox import kernel_env, runtime_overfull
+    from helpers.grading.run.sandbox import kernel_env, runtime_overfull
 
     # The grader's fences (sandbox.kernel_argv) with smaller caps: 1.5 MiB each tmpfs (the second write is cut
     # short, the third refused), 2 MiB each file.

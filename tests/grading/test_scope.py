@@ -2,7 +2,7 @@
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.grading.scope import defined, outside_names
+from helpers.grading.prepare.scope import defined, outside_names
 
 
 def _lab():

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from helpers.grading import grade as grading
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import lab03 as mistakes_03
 from tests.mistakes import lab05 as mistakes_05
 from tests.mistakes import lab10 as mistakes_10
@@ -20,10 +20,11 @@ from tests.mistakes import lab10 as mistakes_10
 # 03: multi-rank probes, a training loop, the lab `make bench-grading` times. 10: a part graded by hand (the
 # report: pending until the instructor enters its points), judges in the grader's process, and the forgery that
 # once scored 5/5 on the old 10.3 (probe_runtime._evaluate patched to return what the probe should have seen). 05: the
-# probes that record a question's public checks in the kernel for the grader to replay (helpers/grading/replay.py),
+# probes that record a question's public checks in the kernel for the grader to replay
+# (helpers/grading/judge/replay.py),
 # graded with a solution and one mistake only (its TODO version: tests/test_labs.py).
 LABS = ["03", "10", "05"]
-FORGED_10_3 = ("import torch, helpers.grading.probe_runtime as pr\n"
+FORGED_10_3 = ("import torch, helpers.grading.run.probe_runtime as pr\n"
                "def bring_flat_shard():\n    return object\n"
                "pr._evaluate = lambda expr, ns: {'value': {'steps': 20, 'identical': True, 'different_data': True,"
                " 'loss_fell': True, 'matches_ddp': True}}\n")

@@ -1,4 +1,5 @@
-"""The similarity report (helpers/grading/similarity.py): copied answers flagged, honest and starter-only ones not.
+"""The similarity report (helpers/grading/report/similarity.py): copied answers flagged, honest and starter-only ones
+not.
 
 No kernel runs: the fixture lab 97 is built on disk and its submissions only read."""
 import csv
@@ -8,7 +9,7 @@ import time
 import nbformat
 import pytest
 
-from helpers.grading import similarity, similarity_report
+from helpers.grading.report import similarity, similarity_report
 from tests.grading import fixture_lab as lab
 
 pytestmark = pytest.mark.timeout(60)

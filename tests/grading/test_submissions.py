@@ -11,8 +11,9 @@ import nbformat
 import pytest
 
 from helpers.grading import grade as grading
-from helpers.grading import similarity, submissions
-from helpers.grading.grade_student import Task, grade_student
+from helpers.grading.prepare import submissions
+from helpers.grading.report import similarity
+from helpers.grading.run.grade_student import Task, grade_student
 from tests.grading import fixture_lab as lab
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
 """Lab 01 (gradient averaging): the mistakes of 1.1 to 1.3, from chapter 01's naive averages and from trying."""
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import Mistake
 
 SOLUTION = ROOT / "solutions" / "01_gradient_averaging.ipynb"

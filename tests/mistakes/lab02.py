@@ -4,7 +4,7 @@ Each wrong answer is held to its first line and, in `mentions`, to the details t
 world size, the rank, the bytes measured): tests/test_lab02_checks.py asserted those on a run of its own until the two
 shared one run per wrong answer here.
 """
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import Mistake
 
 SOLUTION = ROOT / "solutions" / "02_collectives.ipynb"

@@ -1,5 +1,5 @@
 """Lab 03 (manual DDP): the mistakes of 3.1 to 3.4, from chapter 03's own first versions and from trying."""
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import Mistake
 
 SOLUTION = ROOT / "solutions" / "03_manual_ddp.ipynb"

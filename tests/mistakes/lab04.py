@@ -3,7 +3,7 @@ wrapper (4.5), held to their first line.
 
 The wrong answers are the ones tests/test_lab04_checks.py already holds.
 """
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests import test_lab04_checks as wrong
 from tests.mistakes import Mistake
 

@@ -2,7 +2,7 @@
 
 The wrong answers are the ones tests/test_lab05_checks.py already builds (functions, shipped to the ranks by value).
 """
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests import test_lab05_checks as wrong
 from tests.mistakes import Mistake
 

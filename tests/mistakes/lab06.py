@@ -3,7 +3,7 @@
 Most wrong answers are the ones tests/test_lab06_checks.py already holds; here each first line must name the
 mistake and its fix.
 """
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests import test_lab06_checks as wrong
 from tests.mistakes import Mistake
 

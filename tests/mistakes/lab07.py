@@ -1,7 +1,7 @@
 """Lab 07 (ZeRO-1 and ZeRO-2): the shard arithmetic's off-by-ones, Adam's L2 for AdamW, unpadded collectives, the
 usual slips of a ZeRO-2 loop (the sum for the mean, full gradients kept, the frozen layer in the flat parameter), and
 of its torch.optim shape (the constructor's values for every group, the state remade, no defaults)."""
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import Mistake
 
 SOLUTION = ROOT / "solutions" / "07_zero_1_and_2.ipynb"

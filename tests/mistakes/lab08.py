@@ -2,7 +2,7 @@
 freed, views cut off from autograd, gradients summed or overwritten, a training loop built in the wrong order; and in
 mixed precision, a float32 reduction taken for the default, a gather or a reduction in the wrong dtype, a bfloat16
 gradient on the float32 shard, a compute dtype never passed on, units given by type taken for names."""
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import Mistake
 
 SOLUTION = ROOT / "solutions" / "08_zero_3_fsdp.ipynb"

@@ -2,7 +2,7 @@
 and a budgeted run that uses the wrong byte convention, measures at one point only or returns local shards."""
 import nbformat
 
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import Mistake
 
 SOLUTION = ROOT / "solutions" / "09_pytorch_fsdp.ipynb"

@@ -9,7 +9,7 @@ import sys
 
 import nbformat
 
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import Mistake
 
 SOLUTION = ROOT / "solutions" / "10_capstone_gpt.ipynb"

@@ -1,6 +1,6 @@
 """Lab 11 (operating data parallelism): the mistakes of 11.1 to 11.4: the planted failures themselves, and what
 fixing them half-way gives."""
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare.labgen import ROOT
 from tests.mistakes import Mistake
 
 SOLUTION = ROOT / "solutions" / "11_operations.ipynb"

@@ -23,10 +23,10 @@ The contract, and why:
 A probe file declares `USES = {"3.4": ("3.1", "3.2", "3.3")}`: the earlier answers each question's probes call,
 directly or through other answers. Those are graded with the solution's versions bound in place of the student's,
 so one mistake costs one question; the student's own composition runs too and only informs the feedback
-(helpers/grading/reference.py, which also finds the USES the code shows; a file without USES binds nothing).
+(helpers/grading/judge/reference.py, which also finds the USES the code shows; a file without USES binds nothing).
 A probe file may also declare `MANUAL = [Manual("10.4", "the report's analysis", points=6, cell="report-analysis")]`:
 parts graded by hand (a written report), whose text the grader copies out of each submission's Markdown cell of
-that id for the instructor, and whose points the instructor enters in OUT/manual.csv (helpers/grading/manual.py).
+that id for the instructor, and whose points the instructor enters in OUT/manual.csv (helpers/grading/report/manual.py).
 Probe files are instructor code, run in the grader and in the graded kernel. In a public repository they are
 not hidden: instructors who need hidden tests keep their own directory.
 """
@@ -63,8 +63,8 @@ class Probe:
         """(passed, message): actual against the solution's value, in the grader's process.
 
         seed: the grading run's secret seed (this question's is derived from it, as the kernel's was)."""
-        from helpers.grading.assemble import question_seed
-        from helpers.grading.plain import compare
+        from helpers.grading.judge.plain import compare
+        from helpers.grading.prepare.assemble import question_seed
         from helpers.grading.probes.shortcuts import refusal
 
         why = refusal(answer_source, self.forbidden)

@@ -7,10 +7,10 @@ long a call took), the value carries raw rows and a rule judges them:
     judged(*rules, skip=("ledger",))   compare everything but the skipped keys with the solution's value, then
                                        apply each rule(expected, actual) -> "" or what is wrong
 
-Ledger rows are [op, payload_bytes, ...] as helpers.grading.probe_runtime.records() returns them, one list
+Ledger rows are [op, payload_bytes, ...] as helpers.grading.run.probe_runtime.records() returns them, one list
 per rank. Messages say what is wrong and what the lab asks; they never quote the solution's value.
 """
-from helpers.grading.plain import compare
+from helpers.grading.judge.plain import compare
 
 P2P = ("send", "recv")
 
@@ -124,7 +124,7 @@ def diagnosed(diagnose, *, rtol=1e-5, atol=1e-6, skip=()):
 
 def _failure(check, actual, seed):
     """The first line of the check's AssertionError on the value, or None when every assertion holds."""
-    from helpers.grading.plain import from_plain
+    from helpers.grading.judge.plain import from_plain
 
     try:
         check(from_plain(actual), seed)
@@ -172,9 +172,9 @@ def by_public_checks(question, results, offset, names=(), skip=(), rtol=1e-5, at
     ranks, which the student controls). The first check that fails says the feedback's line, as check()'s first
     failed line does. The ranks' tuples come back as tuples where the rank kept them (probe_runtime.keep_tuples),
     ledger rows otherwise; convert(value) rebuilds what JSON changed further (int keys)."""
-    from helpers.grading.plain import from_plain
-    from helpers.grading.probe_runtime import restore_tuples
-    from helpers.grading.replay import first_line
+    from helpers.grading.judge.plain import from_plain
+    from helpers.grading.judge.replay import first_line
+    from helpers.grading.run.probe_runtime import restore_tuples
 
     module, name = results
     common, modulo = offset
@@ -216,11 +216,12 @@ def tensors_only(value):
 def replayed(question, common, modulo, names, *, project=None, rtol=1e-5, atol=1e-6, convert=None, record=None,
              given=None):
     """A judge by the question's public checks, replayed in the grader on the record the probe made in the kernel
-    (helpers/grading/replay.py): the value passes when no check fails on it and project(value) equals the solution's
+    (helpers/grading/judge/replay.py): the value passes when no check fails on it and project(value) equals the
+    solution's
     (default: the whole record). common: the check module holding OFFSET (its name), set to seed % modulo;
     record: the key of the record in the value (None: the value is the record); given(): the released lab's
     definitions the checks use (replay.first_failure)."""
-    from helpers.grading import replay
+    from helpers.grading.judge import replay
 
     def judge(expected, actual, seed):
         why = replay.first_failure(question, actual[record] if record else actual, common, seed % modulo, names,

@@ -58,5 +58,5 @@ PROBES = [
           hint=common.HANG_HINT),
 ]
 
-# No question's probes call another question's answer (helpers/grading/reference.py).
+# No question's probes call another question's answer (helpers/grading/judge/reference.py).
 USES = {}

@@ -1,7 +1,8 @@
 """Hidden tests of lab 02 (collectives, ring all-reduce). Public in this repository: see the README.
 
 Each question's probe runs its public checks in the graded kernel, every launch with the checks' OFFSET set from the
-question's secret seed (other data on every rank), and returns what the ranks returned (helpers/grading/replay.py);
+question's secret seed (other data on every rank), and returns what the ranks returned
+(helpers/grading/judge/replay.py);
 the grader replays the same checks on that record, so the feedback says what the check says (point-to-point messages
 only, a ring's (N-1)/N S bytes, the values), and requires the solution's values (the tensors: a ring's own order of
 messages may rightly differ from the solution's).
@@ -13,7 +14,7 @@ COMMON = "helpers.grading.checks.lab02.common"
 OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
 
 SETUP = f'''
-from helpers.grading.replay import record as _probe_record_checks
+from helpers.grading.judge.replay import record as _probe_record_checks
 
 
 def _probe_record(question, answers):
@@ -41,6 +42,7 @@ PROBES = [Probe(q, _WHAT[q], f"_probe_record({q!r}, ({', '.join(_ANSWERS[q])},))
           for q in _ANSWERS]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
-# solution's versions bound in their place (helpers/grading/reference.py): ring_all_reduce is a reduce-scatter then an
+# solution's versions bound in their place (helpers/grading/judge/reference.py): ring_all_reduce is a reduce-scatter
+# then an
 # all-gather; average_gradients calls ring_all_reduce.
 USES = {'2.4': ('2.2', '2.3'), '2.5': ('2.2', '2.3', '2.4')}

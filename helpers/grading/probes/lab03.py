@@ -9,7 +9,7 @@ from helpers.grading.checks.lab03 import q1_shard_indices as q1
 from helpers.grading.checks.lab03 import q2_broadcast_parameters as q2
 from helpers.grading.checks.lab03 import q3_average_gradients as q3
 from helpers.grading.checks.lab03 import q4_train_manual_ddp as q4
-from helpers.grading.plain import from_plain
+from helpers.grading.judge.plain import from_plain
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import diagnosed
 
@@ -118,6 +118,6 @@ PROBES = [
 ]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
-# solution's versions bound in their place (helpers/grading/reference.py): train_manual_ddp calls shard_indices,
+# solution's versions bound in their place (helpers/grading/judge/reference.py): train_manual_ddp calls shard_indices,
 # broadcast_parameters and average_gradients.
 USES = {'3.4': ('3.1', '3.2', '3.3')}

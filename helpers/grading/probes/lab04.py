@@ -103,6 +103,7 @@ _FORBIDDEN = ("_compute_bucket_assignment_by_size", "DistributedDataParallel")
 PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) for p in PROBES]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
-# solution's versions bound in their place (helpers/grading/reference.py): Reducer fills Buckets from assign_buckets;
+# solution's versions bound in their place (helpers/grading/judge/reference.py): Reducer fills Buckets from
+# assign_buckets;
 # train_bucketed and BucketedDDP build a Reducer.
 USES = {'4.3': ('4.1', '4.2'), '4.4': ('4.1', '4.2', '4.3'), '4.5': ('4.1', '4.2', '4.3')}

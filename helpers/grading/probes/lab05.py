@@ -2,14 +2,15 @@
 README.
 
 5.1 and 5.3 run their public checks in the graded kernel, every launch with the checks' OFFSET from the question's
-secret seed (other weights and data), and the grader replays the checks on that record (helpers/grading/replay.py),
+secret seed (other weights and data), and the grader replays the checks on that record
+(helpers/grading/judge/replay.py),
 so the feedback says what the check says; 5.3's last check trains with the student's accumulate_and_step (5.1),
 graded with the solution's (USES). 5.2's formulas are scored on secret inputs, and a wrong value is named by the
 public checks replayed on the student's answers to their own (public) inputs.
 """
+from helpers.grading.judge.replay import record_setup
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import replayed, tensors_only
-from helpers.grading.replay import record_setup
 
 COMMON = "helpers.grading.checks.lab05.common"
 OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
@@ -64,6 +65,6 @@ PROBES = [
 ]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
-# solution's versions bound in their place (helpers/grading/reference.py): 5.3's last check trains with
+# solution's versions bound in their place (helpers/grading/judge/reference.py): 5.3's last check trains with
 # accumulate_and_step.
 USES = {'5.3': ('5.1',)}

@@ -1,14 +1,15 @@
 """Hidden tests of lab 06: the formulas on inputs the public checks do not use, and the replica (6.4).
 
 6.1 to 6.3 are scored on secret inputs; a wrong value is named by the question's public checks, replayed in the
-grader on the student's answers to the checks' own inputs (helpers/grading/replay.py). 6.4 records its public check
+grader on the student's answers to the checks' own inputs (helpers/grading/judge/replay.py). 6.4 records its public
+check
 (3 ranks, each replica's weights and data moved by the checks' OFFSET from the secret seed) and the grader replays it.
 """
 import dataclasses
 
+from helpers.grading.judge.replay import record_setup
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import replayed, tensors_only
-from helpers.grading.replay import record_setup
 
 COMMON = "helpers.grading.checks.lab06.common"
 OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
@@ -82,6 +83,6 @@ _FORBIDDEN = ("helpers.theory", "helpers.theory_comm", "helpers.widgets")
 PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) if p.question in ('6.1', '6.2', '6.3') else p for p in PROBES]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
-# solution's versions bound in their place (helpers/grading/reference.py): largest_model searches with
+# solution's versions bound in their place (helpers/grading/judge/reference.py): largest_model searches with
 # model_state_bytes; 6.4's check compares the bytes a replica holds with model_state_bytes.
 USES = {'6.2': ('6.1',), '6.4': ('6.1',)}

@@ -109,6 +109,6 @@ _FORBIDDEN_7_5 = _FORBIDDEN + ("Adam", "AdamW", "adam", "adamw")
 PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN_7_5 if p.question == "7.5" else _FORBIDDEN) for p in PROBES]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
-# solution's versions bound in their place (helpers/grading/reference.py): zero_adamw_step cuts its shard with
+# solution's versions bound in their place (helpers/grading/judge/reference.py): zero_adamw_step cuts its shard with
 # shard_range; train_zero2 and ZeroAdamW call 7.2 and 7.3.
 USES = {'7.2': ('7.1',), '7.4': ('7.1', '7.2', '7.3'), '7.5': ('7.1', '7.2', '7.3')}

@@ -31,7 +31,7 @@ _probe_offset = _PROBE_SEED % {OFFSETS}
 def _probe_at_offset(offset, fn, *args):
     """On a rank: fn(*args) with the checks' OFFSET set, its tuples kept through the JSON."""
     from helpers.grading.checks.lab08 import common
-    from helpers.grading.probe_runtime import keep_tuples
+    from helpers.grading.run.probe_runtime import keep_tuples
     common.OFFSET = offset
     try:
         return keep_tuples(fn(*args))
@@ -78,6 +78,6 @@ _FORBIDDEN = ("fully_shard", "FullyShardedDataParallel")
 PROBES = [dataclasses.replace(p, forbidden=_FORBIDDEN) for p in PROBES]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
-# solution's versions bound in their place (helpers/grading/reference.py): 8.2-8.4 are methods of 8.1's FlatShard;
+# solution's versions bound in their place (helpers/grading/judge/reference.py): 8.2-8.4 are methods of 8.1's FlatShard;
 # train_fsdp builds FlatShards, whose hooks call 8.2-8.4.
 USES = {'8.2': ('8.1',), '8.3': ('8.1',), '8.4': ('8.1',), '8.5': ('8.1', '8.2', '8.3', '8.4')}

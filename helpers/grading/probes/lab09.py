@@ -2,14 +2,15 @@
 
 9.1 and 9.2 are scored on secret inputs (models and block widths the public checks do not use); a wrong value is named
 by the question's public checks replayed in the grader on the student's answers to the checks' own inputs and runs
-(helpers/grading/replay.py, recorded once per probe cell). 9.3 records its public checks (their nets and data moved
+(helpers/grading/judge/replay.py, recorded once per probe cell). 9.3 records its public checks (their nets and data
+moved
 by the checks' OFFSET from the secret seed) and the grader replays them.
 """
 import dataclasses
 
+from helpers.grading.judge.replay import record_setup
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import replayed, tensors_only
-from helpers.grading.replay import record_setup
 
 COMMON = "helpers.grading.checks.lab09.common"
 OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
@@ -142,6 +143,7 @@ def _recorded(probe):
 PROBES = [_recorded(p) for p in PROBES]
 
 # The earlier answers each question's probes call, directly or through other answers, graded with the
-# solution's versions bound in their place (helpers/grading/reference.py): train_within_budget calls choose_strategy
+# solution's versions bound in their place (helpers/grading/judge/reference.py): train_within_budget calls
+# choose_strategy
 # and apply_strategy.
 USES = {'9.3': ('9.1', '9.2')}

@@ -35,7 +35,7 @@ def _probe_run(question, kind, name, bring, valid, what, n_layer):
 
 def _judge_values(expected, actual, seed):
     """Every rank's parameters identical; rank 0's losses, gradient and parameters those of the solution's run."""
-    from helpers.grading.plain import compare
+    from helpers.grading.judge.plain import compare
 
     try:
         digests = actual["digests"]
@@ -65,8 +65,8 @@ def _by_checks(question, module):
     (the two agree within the checks' tolerances): their first failure is the feedback's line. Then the solution's
     values (within what summation order explains), and its collectives and bytes held, exactly."""
     def judge(expected, actual, seed):
-        from helpers.grading.plain import compare, from_plain
-        from helpers.grading.replay import first_line
+        from helpers.grading.judge.plain import compare, from_plain
+        from helpers.grading.judge.replay import first_line
 
         mine, theirs = from_plain(actual), from_plain(expected)
         original = module._runs
@@ -110,5 +110,5 @@ PROBES = [Probe(q, f"{_WHERE[q]}: identical parameters on every rank, the soluti
 MANUAL = [Manual("10.4", "the report's analysis: two paragraphs on your measurements (rubric: INSTRUCTORS.md, lab 10)",
                  points=6, cell="report-analysis")]
 
-# No question's probes call another question's answer (helpers/grading/reference.py).
+# No question's probes call another question's answer (helpers/grading/judge/reference.py).
 USES = {}

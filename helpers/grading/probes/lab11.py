@@ -3,14 +3,14 @@
 Each probe runs the student's fixed function on ranks with data, sizes, steps and (11.4) the crash step drawn from
 the question's secret seed, and returns raw values: counts, update counts, parameters (scored). A wrong value is named
 by the question's public checks, recorded in the kernel once per probe cell (11.2's and 11.3's models and data moved
-by the checks' OFFSET from the secret seed) and replayed in the grader (helpers/grading/replay.py).
+by the checks' OFFSET from the secret seed) and replayed in the grader (helpers/grading/judge/replay.py).
 """
 import dataclasses
 import functools
 
+from helpers.grading.judge.replay import record_setup
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import replayed
-from helpers.grading.replay import record_setup
 
 COMMON = "helpers.grading.checks.lab11.common"
 OFFSETS = 1  # the records run the public checks on their own inputs (OFFSET 0): the scored values are the probes'
@@ -146,8 +146,8 @@ def _given():
     """The released lab's WithAuxHead (11.3's checks build their reference with it), from its own cells."""
     import nbformat
 
-    from helpers.grading.labgen import ROOT
-    from helpers.grading.reference import kept
+    from helpers.grading.judge.reference import kept
+    from helpers.grading.prepare.labgen import ROOT
 
     lab = nbformat.read(next((ROOT / "labs").glob("11_*.ipynb")), as_version=4)
     namespace = {"__name__": "_probe_lab11_given"}
@@ -170,5 +170,5 @@ def _recorded(probe):
 
 PROBES = [_recorded(p) for p in PROBES]
 
-# No question's probes call another question's answer (helpers/grading/reference.py).
+# No question's probes call another question's answer (helpers/grading/judge/reference.py).
 USES = {}

@@ -18,7 +18,7 @@ BYTES_WORLD_SIZES = (3, 4)  # at N = 2 an unchunked ring sends (N-1) S = 2(N-1)/
 BYTES_TOLERANCE = 0.01
 P2P_OPS = {"send", "recv"}
 # Added to the seeds and values of the checks' data: 0 here. The grader's hidden tests run these checks with it set
-# from their secret seed (helpers/grading/replay.py), so they say what the check says of other data.
+# from their secret seed (helpers/grading/judge/replay.py), so they say what the check says of other data.
 OFFSET = 0
 
 

@@ -10,7 +10,7 @@ TOL = 1e-5  # float32 parameters of size ~0.3 after 2-3 SGD steps; sums in anoth
 HANG_TIMEOUT = 15.0  # seconds without progress before a check reports a hang
 D_IN, HIDDEN, N_CLASSES = 6, 32, 3
 # Added to the seeds of the checks' models and data: 0 here. The grader's hidden tests run these checks with it set
-# from their secret seed (helpers/grading/replay.py), so they say what the check says of other weights and data.
+# from their secret seed (helpers/grading/judge/replay.py), so they say what the check says of other weights and data.
 OFFSET = 0
 
 

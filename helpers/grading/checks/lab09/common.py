@@ -45,7 +45,7 @@ class Net(nn.Module):
 
 
 # Added to the seeds of the checks' nets and data: 0 here. The grader's hidden tests run these checks with it set
-# from their secret seed (helpers/grading/replay.py), so they say what the check says of other weights and data.
+# from their secret seed (helpers/grading/judge/replay.py), so they say what the check says of other weights and data.
 OFFSET = 0
 
 

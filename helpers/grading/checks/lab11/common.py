@@ -12,7 +12,8 @@ TOL = 1e-6
 _memoized = SharedRun()  # one launch serves every check of a question
 
 # Added to the seeds of 11.2's and 11.3's models and data: 0 here. The grader's hidden tests run those checks with it
-# set from their secret seed (helpers/grading/replay.py), so they say what the check says of other weights and data.
+# set from their secret seed (helpers/grading/judge/replay.py), so they say what the check says of other weights and
+# data.
 OFFSET = 0
 
 

@@ -44,7 +44,7 @@ email address when the id is one), Gradescope to the SID (or the email).
 
 A `grader_error` row has no grade yet (the grader failed, not the student): it is left blank in the LMS files,
 so an import changes nothing for that student until they are re-graded. So is a `manual_pending` row: a lab with
-a part graded by hand (helpers/grading/manual.py) whose points are not entered yet. Every other status keeps its
+a part graded by hand (helpers/grading/report/manual.py) whose points are not entered yet. Every other status keeps its
 points (a missing submission has 0).
 
 The late policy (`late_penalty`, `apply_late_policy`): a submission `d` started days after the deadline loses
@@ -59,7 +59,7 @@ import datetime
 import math
 import pathlib
 
-from helpers.grading.spreadsheet import original, write_csv
+from helpers.grading.report.spreadsheet import original, write_csv
 
 UTC = datetime.timezone.utc
 DAY_S = 86400

@@ -21,7 +21,7 @@ grader never judges them; it hands them to the instructor and counts what the in
 import csv
 import pathlib
 
-from helpers.grading.spreadsheet import original, write_csv
+from helpers.grading.report.spreadsheet import original, write_csv
 
 SHEET = "manual.csv"
 _COLUMNS = ["student", "question", "points", "max", "words", "text"]

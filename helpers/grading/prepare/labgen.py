@@ -1,7 +1,7 @@
 """Generate labs/NN_*.ipynb from solutions/NN_*.ipynb, the single source of each lab.
 
-    python -m helpers.grading.labgen            # write labs/
-    python -m helpers.grading.labgen --check    # exit 1 if labs/ differs from what would be written
+    python -m helpers.grading.prepare.labgen            # write labs/
+    python -m helpers.grading.prepare.labgen --check    # exit 1 if labs/ differs from what would be written
 
 In a solution, answer code sits between `### BEGIN SOLUTION (lab N.M) <what to do>` and
 `### END SOLUTION`. The student version replaces the region by `# TODO(lab N.M): <what to do>` and
@@ -18,7 +18,7 @@ import nbformat
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION \(lab (?P<q>\d+\.\d+)\)\s*(?P<hint>.*)$")
 END = re.compile(r"^[ \t]*### END SOLUTION\s*$")
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 class MarkerError(ValueError):

@@ -1,7 +1,7 @@
 """Find a lab's answer code in other files: every solution region, normalised, against every file given.
 
 A solution region is the code between `### BEGIN SOLUTION (lab N.M)` and `### END SOLUTION` in
-solutions/NN_*.ipynb (helpers/grading/labgen.py defines the markers). Both sides are normalised the same way,
+solutions/NN_*.ipynb (helpers/grading/prepare/labgen.py defines the markers). Both sides are normalised the same way,
 so that comments, blank lines, line breaks, spacing and quotes hide nothing:
 
 | step | what is compared |
@@ -26,7 +26,7 @@ import json
 import re
 import textwrap
 
-from helpers.grading.labgen import BEGIN, END
+from helpers.grading.prepare.labgen import BEGIN, END
 
 WINDOW = 3            # statements in a run; 2 matched one-liners that every training loop has
 COVERAGE = 0.6        # share of a region's statements found, names kept

@@ -1,7 +1,8 @@
 """`make release OUT=dir COURSE_REPO=url`: the student edition of the course, without solutions, probes or answers.
 
-    python -m helpers.grading.release --out ../student-repo --course-repo https://github.com/ORG/NAME.git
-    python -m helpers.grading.release --dry-run      # only says what would ship, and scans it (no address needed)
+    python -m helpers.grading.prepare.release --out ../student-repo --course-repo https://github.com/ORG/NAME.git
+    python -m helpers.grading.prepare.release --dry-run      # only says what would ship, and scans it (no address
+    needed)
 
 COURSE_REPO is the public address students will clone the release from: the install cell at the top of every
 notebook (scripts/colab_cell.py) clones it on Colab, so the release writes it into every chapter's and lab's cell,
@@ -18,7 +19,8 @@ untracked ones not ignored; the manifest counts what was not committed). What it
 |---|---|
 | `solutions/` | the lab sources, answers between BEGIN/END SOLUTION markers; ANSWERS.md, the exercise key |
 | `helpers/grading/probes/` | the hidden tests: inputs, judges, the list of forbidden shortcuts |
-| the grader: `helpers/grading/*.py` that no chapter, lab, check or helper imports | grading runs in the private repo |
+| the grader: `helpers/grading/**/*.py` (the stage folders and the class run) that no chapter, lab, check or helper
+imports | grading runs in the private repo |
 | tests that read solutions or import what is left out (found by their imports) | they cannot run without it |
 | `tests/mistakes/`, `tests/lab_solution.py`, ... (RULES) | built from the solutions' answer cells |
 
@@ -26,7 +28,7 @@ The Makefile loses the targets that need them (labs, grade, bench-grading, relea
 runs a module left out; the README gains a first paragraph saying what this edition is.
 
 **Answer code in what ships.** Before anything is written, every shipped `.py`, notebook and Markdown file is
-scanned for the code of every solution region (helpers/grading/answer_scan.py: statements compared through
+scanned for the code of every solution region (helpers/grading/prepare/answer_scan.py: statements compared through
 `ast`, with and without their names, so comments, spacing and renaming hide nothing). A finding refuses the
 release, naming the file, the line or cell, the lab question and the region. ALLOWED holds the exceptions, each
 with its reason; it may only hold a chapter that openly teaches a simpler version that the lab generalises.
@@ -65,18 +67,18 @@ import urllib.parse
 
 import nbformat
 
-from helpers.grading import answer_scan, release_text
-from helpers.grading.labgen import ROOT
+from helpers.grading.prepare import answer_scan, release_text
+from helpers.grading.prepare.labgen import ROOT
 
 # (pattern, reason): the first match leaves a file out. The grader and the tests that need what is left out are
 # found by their imports (left_out), so a new grader module or test needs no entry here.
 RULES = [
     ("solutions/*", "lab sources with their answers, and the exercise answer key (ANSWERS.md)"),
     ("helpers/grading/probes/*", "hidden tests: their inputs, judges and the shortcuts they refuse"),
-    ("helpers/grading/release.py", "this tool: it reads solutions/"),
-    ("helpers/grading/answer_scan.py", "reads the solutions' answer regions (for this tool)"),
-    ("helpers/grading/release_text.py", "writes this tool's Makefile, README and manifest"),
-    ("helpers/grading/labgen.py", "writes labs/ from solutions/; the release ships the labs it wrote"),
+    ("helpers/grading/prepare/release.py", "this tool: it reads solutions/"),
+    ("helpers/grading/prepare/answer_scan.py", "reads the solutions' answer regions (for this tool)"),
+    ("helpers/grading/prepare/release_text.py", "writes this tool's Makefile, README and manifest"),
+    ("helpers/grading/prepare/labgen.py", "writes labs/ from solutions/; the release ships the labs it wrote"),
     ("tests/mistakes/*", "the mistake catalogue: each mistake is a solution's answer with one edit"),
     ("tests/lab_solution.py", "runs the solutions' answer cells"),
     ("tests/grading/*", "the grader's tests: fixture classes graded against the solutions and probes"),
@@ -167,7 +169,8 @@ def left_out(root, files):
     texts = {p: (root / p).read_text() for p in files if p.endswith((".py", ".ipynb"))}
     imports = {p: imported_files(p, t, set(files)) for p, t in texts.items()}
     # What students run: notebooks, the capstone, scripts, helpers outside the grader, the public checks.
-    grader = {p for p in files if re.fullmatch(r"helpers/grading/[^/]+\.py", p)} - {"helpers/grading/__init__.py"}
+    grader = {p for p in files if re.fullmatch(r"helpers/grading/(?:(?:prepare|run|judge|report)/)?[^/]+\.py", p)}
+    grader -= {"helpers/grading/__init__.py"}
     reached, todo = set(), [p for p in texts if not p.startswith("tests/") and p not in grader and p not in out]
     while todo:
         p = todo.pop()
@@ -230,7 +233,7 @@ def refusal(refused):
     return ReleaseError(f"refusing to release: {len(refused)} shipped file(s) carry a lab's answer\n{lines}\n"
                         f"Rewrite that code so it does not hold the answer (a check can compare with recorded values "
                         f"or with PyTorch), or, for a chapter that openly teaches a simpler version the lab "
-                        f"generalises, add it to ALLOWED in helpers/grading/release.py with the reason.")
+                        f"generalises, add it to ALLOWED in helpers/grading/prepare/release.py with the reason.")
 
 
 def colab_cell_module(root):

@@ -39,7 +39,7 @@ import sys
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from helpers.grading.cgroup import PREFIX, PidsCgroup, pids_root
+from helpers.grading.run.cgroup import PREFIX, PidsCgroup, pids_root
 
 NOBODY_UID = NOBODY_GID = 65534
 # System directories a Python needs; on merged-/usr systems /bin, /lib... are symlinks into /usr.
@@ -260,7 +260,7 @@ def kernel_env(workdir, preload_dynamo=True, threads=0):
     env["DP_COURSE_PRELOAD_DYNAMO"] = "1" if preload_dynamo else "0"
     # Imported by the kernel before any student cell (and by its forkserver): probe_runtime keeps the originals of
     # what the probe cells call, and puts them back before each (probe_runtime._ORIGINALS).
-    env["DP_COURSE_PRELOAD"] = "helpers.grading.probe_runtime"
+    env["DP_COURSE_PRELOAD"] = "helpers.grading.run.probe_runtime"
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)  # torch reads it at import (grade.kernel_threads says why)
     kernel = os.path.join(workdir, "kernel")

@@ -7,7 +7,7 @@ when graded. This finds such names so that the feedback can say so, per question
 import ast
 import builtins
 
-from helpers.grading.assemble import answer_questions, find_answer
+from helpers.grading.prepare.assemble import answer_questions, find_answer
 
 
 def _parse(source):

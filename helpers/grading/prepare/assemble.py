@@ -13,8 +13,8 @@ import secrets
 
 import nbformat
 
-from helpers.grading.probe_runtime import PROBE_MIMETYPE
 from helpers.grading.probes.shortcuts import as_scanned
+from helpers.grading.run.probe_runtime import PROBE_MIMETYPE
 
 _DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
 _CHECK = re.compile(r"""check\(\s*["'][\w.]+["']\s*,\s*globals\(\)\s*\)""")
@@ -49,11 +49,11 @@ def question_seed(seed, question):
 
 def probe_source(question, setup, probes, nonce, seed, reference=None):
     """Code of a probe cell: evaluate each probe expression in the notebook's namespace (with the solution's versions
-    of the earlier answers it calls bound, when reference is given: helpers/grading/reference.py)."""
+    of the earlier answers it calls bound, when reference is given: helpers/grading/judge/reference.py)."""
     calls = [(p.name, p.expr) for p in probes]
     more = f", {reference!r}" if reference else ""
     return (
-        "from helpers.grading.probe_runtime import run_probes as _probe_run\n"
+        "from helpers.grading.run.probe_runtime import run_probes as _probe_run\n"
         f"_probe_run({question!r}, {setup!r}, {calls!r}, {nonce!r}, {question_seed(seed, question)!r}{more})\n"
     )
 
@@ -85,8 +85,8 @@ def assemble(released, submission, setup, probes, seed, references=None):
             reference = (references or {}).get(question)
             if reference and reference.get("define") and index == first_cell[question]:
                 needed = {"source": reference["source"], "define": reference["define"]}
-                fill = nbformat.v4.new_code_cell(
-                    f"from helpers.grading.probe_runtime import fill_missing as _probe_fill\n_probe_fill({needed!r})\n")
+                fill = nbformat.v4.new_code_cell("from helpers.grading.run.probe_runtime import fill_missing as "
+                                                 f"_probe_fill\n_probe_fill({needed!r})\n")
                 fill.metadata["dp_course_kind"] = "fill"
                 graded.cells.append(fill)
         graded.cells.append(copy)

@@ -1,21 +1,21 @@
 """What a graded class leaves in OUT: grades.csv, feedback/<student>.md and cells.csv, from results/*.json.
 
-A lab with parts graded by hand (helpers/grading/manual.py) also gets OUT/manual.csv and the students' texts; its
+A lab with parts graded by hand (helpers/grading/report/manual.py) also gets OUT/manual.csv and the students' texts; its
 grades.csv has a column "<question> (by hand)" per part, the points entered (empty while pending), and a `by_hand`
 column, `pending` or `graded`; `total` counts the points known, `max` all of them.
 
-With a late policy (helpers/grading/gradebook.py), each result carries its lateness (`submitted`, `deadline`,
+With a late policy (helpers/grading/report/gradebook.py), each result carries its lateness (`submitted`, `deadline`,
 `late_days`, `penalty`, `time_note`) and grades.csv has it too, with `final`: the points known after the penalty,
 the number the feedback states and the LMS file holds.
 """
 import json
 import pathlib
 
-from helpers.grading import manual
-from helpers.grading.feedback import feedback_markdown
-from helpers.grading.grade_student import result_path
-from helpers.grading.gradebook import Total, number, parse_time, write_gradebook
-from helpers.grading.spreadsheet import write_csv
+from helpers.grading.report import manual
+from helpers.grading.report.feedback import feedback_markdown
+from helpers.grading.report.gradebook import Total, number, parse_time, write_gradebook
+from helpers.grading.report.spreadsheet import write_csv
+from helpers.grading.run.grade_student import result_path
 
 
 def question_order(questions):

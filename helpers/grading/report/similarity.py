@@ -51,8 +51,8 @@ import warnings
 
 import nbformat
 
-from helpers.grading.assemble import answer_questions, find_answer
-from helpers.grading.submissions import SubmissionError, read_bytes, read_notebook
+from helpers.grading.prepare.assemble import answer_questions, find_answer
+from helpers.grading.prepare.submissions import SubmissionError, read_bytes, read_notebook
 
 K = 5               # tokens in a fingerprint: `dist . all_reduce ( V` is one
 WINDOW = 4          # winnowing window: shared runs of K + WINDOW - 1 = 8 tokens are always found

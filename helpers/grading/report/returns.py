@@ -15,7 +15,8 @@ they displayed. The returned notebook is built from it by allow-list, never by r
 | cell metadata | `dp_course` (the questions a cell answers) and `tags` |
 | notebook metadata | `kernelspec`, `language_info` |
 
-Beside it, `feedback.md` is OUT/feedback/<student>.md (helpers/grading/feedback.py: probes named, never their source
+Beside it, `feedback.md` is OUT/feedback/<student>.md (helpers/grading/report/feedback.py: probes named, never their
+source
 or expected values). A submission that was never run (unreadable, refused, a grader_error) gets its feedback only.
 """
 import builtins
@@ -26,7 +27,7 @@ import warnings
 
 import nbformat
 
-from helpers.grading.feedback import code
+from helpers.grading.report.feedback import code
 
 MIMES = ("text/plain", "text/markdown", "text/html", "image/png", "image/jpeg", "image/svg+xml")
 KINDS = ("lab", "answer", "check", "after")

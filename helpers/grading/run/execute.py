@@ -18,8 +18,8 @@ from jupyter_client import BlockingKernelClient
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from helpers.grading.probe_runtime import PROBE_MIMETYPE
-from helpers.grading.sandbox import (
+from helpers.grading.run.probe_runtime import PROBE_MIMETYPE
+from helpers.grading.run.sandbox import (
     FILE_BYTES,
     Fences,
     kill_session,
@@ -264,7 +264,7 @@ def _run_from(kernel, notebook, start, never_replay, deadline, result):
 
 def _graded_code(cell):
     """A cell the grader runs (check cells only print the public checks' report; the lab's cells after its last
-    answer cannot change a mark: helpers.grading.assemble)."""
+    answer cannot change a mark: helpers.grading.prepare.assemble)."""
     return cell.cell_type == "code" and _kind(cell) not in ("check", "after")
 
 

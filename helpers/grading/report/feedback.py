@@ -5,16 +5,17 @@ not be read, a line of their cell) is shown capped, on one line and as inline co
 item or HTML (`## Question 1.2: 2 / 2` or `<img onerror=...>` raised in an exception once forged lines of the
 feedback).
 
-The student's own error comes first: an answer cell that failed to run (helpers/grading/answer_errors.py) is quoted,
+The student's own error comes first: an answer cell that failed to run (helpers/grading/judge/answer_errors.py) is
+quoted,
 with its line, in the status line and as the first item of each question it answers, ahead of the hidden tests that
 failed because of it.
 """
 import math
 import re
 
-from helpers.grading.answer_errors import LINE_CHARS
-from helpers.grading.gradebook import parse_time
-from helpers.grading.probe_runtime import MESSAGE_CHARS
+from helpers.grading.judge.answer_errors import LINE_CHARS
+from helpers.grading.report.gradebook import parse_time
+from helpers.grading.run.probe_runtime import MESSAGE_CHARS
 
 _STATUS = {
     "ok": "every cell ran",

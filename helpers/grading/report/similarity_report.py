@@ -1,7 +1,8 @@
 """OUT/similarity.md and OUT/similarity.csv: pairs of students whose answers to a question are unusually alike.
 
 Written by `make grade` beside grades.csv, from the submissions and the published solution alone (nothing is
-executed); how pairs are found and scored is helpers/grading/similarity.py's docstring. similarity.md lists, in this
+executed); how pairs are found and scored is helpers/grading/report/similarity.py's docstring. similarity.md lists, in
+this
 order: identical submissions, copies of the published solution, then pairs of alike answers. similarity.csv has one
 row per pair, in the same order:
 
@@ -20,9 +21,9 @@ import pathlib
 
 import nbformat
 
-from helpers.grading import similarity
-from helpers.grading.report import question_order
-from helpers.grading.spreadsheet import write_csv
+from helpers.grading.report import similarity
+from helpers.grading.report.report import question_order
+from helpers.grading.report.spreadsheet import write_csv
 
 SHOWN = 10  # pairs whose answers the report prints in full
 

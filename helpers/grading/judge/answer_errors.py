@@ -16,7 +16,7 @@ nonce and secret seed with it (`GRADER_CODE`).
 """
 import re
 
-from helpers.grading.probe_runtime import MESSAGE_CHARS
+from helpers.grading.run.probe_runtime import MESSAGE_CHARS
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _FRAME = re.compile(r"Cell In\[(\d+)\], line (\d+)")

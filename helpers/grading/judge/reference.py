@@ -21,7 +21,8 @@ once more with the student's own functions, which only informs the feedback ("3.
 
 computed_uses() reads which earlier answers a question's probes reach in the solution (its probe expressions, the
 SETUP functions they call, the answers and given code those call, transitively): tests/grading/test_dependencies.py
-asserts it equals every probe file's USES, and `python -m helpers.grading.reference 03` prints it for a private one.
+asserts it equals every probe file's USES, and `python -m helpers.grading.judge.reference 03` prints it for a private
+one.
 The reference's source never goes back to a student: it is in the probe cell only (OUT/executed/ is instructor-only),
 the probe runtime drops that cell's text from the kernel's line cache before any answer runs, and a quoted message
 holding a line of it is not shown (leaked_lines).
@@ -32,7 +33,7 @@ import sys
 
 import nbformat
 
-from helpers.grading.labgen import student_source
+from helpers.grading.prepare.labgen import student_source
 
 _KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
 
@@ -279,11 +280,11 @@ def leaked_lines(message, *secrets, shortest=24):
 def main(argv=None):
     """Print the USES the code shows for lab NN (the course's probes and solution, or those of PROBES=dir)."""
     from helpers.grading import probes as probe_files
-    from helpers.grading.labgen import ROOT
+    from helpers.grading.prepare.labgen import ROOT
 
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        print("usage: python -m helpers.grading.reference NN [probes dir] [solutions dir]", file=sys.stderr)
+        print("usage: python -m helpers.grading.judge.reference NN [probes dir] [solutions dir]", file=sys.stderr)
         return 2
     lab = f"{int(argv[0]):02d}"
     setup, probes = probe_files.load(lab, argv[1] if len(argv) > 1 else None)

@@ -8,7 +8,7 @@ import linecache
 import sys
 
 from helpers.errors import LaunchError, RankFailed
-from helpers.grading.plain import to_plain
+from helpers.grading.judge.plain import to_plain
 
 PROBE_MIMETYPE = "application/vnd.dp-course.probe+json"
 
@@ -190,7 +190,7 @@ def run_probes(question, setup, calls, nonce, seed, reference=None):
 
     seed: this question's secret seed, set as `_PROBE_SEED` before setup runs; the probes draw their inputs
     from it, so a submission cannot know them in advance.
-    reference: for a question whose probes call earlier answers (helpers/grading/reference.py), the solution's
+    reference: for a question whose probes call earlier answers (helpers/grading/judge/reference.py), the solution's
     versions of them: the probes run with those bound in place of the student's ("results": what is scored), then
     again with the student's own ("own": what the feedback tells)."""
     restore_machinery()

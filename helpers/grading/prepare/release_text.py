@@ -1,7 +1,7 @@
 """The texts `make release` rewrites or adds: the Makefile, the README's first paragraph, RELEASE_MANIFEST.md."""
 import re
 
-from helpers.grading import answer_scan
+from helpers.grading.prepare import answer_scan
 
 DROPPED_TARGETS = ("labs", "grade", "bench-grading", "release")  # they need solutions/, the probes or the grader
 MANIFEST = "RELEASE_MANIFEST.md"
@@ -24,7 +24,7 @@ def makefile(text, out):
                               text, count=1, flags=re.MULTILINE)
         if not found:
             raise ValueError("Makefile: no line `NOTEBOOKS := $(wildcard chapters/*.ipynb)` to add the labs to: "
-                             "restore it, or change helpers/grading/release_text.py's makefile with it")
+                             "restore it, or change helpers/grading/prepare/release_text.py's makefile with it")
     kept, skipping, dropped_help = [], False, False
     for line in text.splitlines():
         target = re.match(r"^([A-Za-z][\w-]*):", line)

@@ -21,7 +21,7 @@ import inspect
 import threading
 
 from helpers.errors import CollectiveHang, CollectiveMismatch, LaunchError, RankFailed
-from helpers.grading.probe_runtime import keep_tuples, restore_tuples
+from helpers.grading.run.probe_runtime import keep_tuples, restore_tuples
 
 
 class NotReplayed(Exception):
@@ -190,7 +190,7 @@ def first_failure(question, recorded, common, offset, names, convert=None, given
     the checks look up (stand-ins here: one whose calls were recorded answers from them, in order; any other raises
     NotReplayed when used). convert(results) rebuilds what JSON changed beyond tuples (int keys); given: the lab's own
     definitions the checks use in the kernel (a given class they build a reference with), the released lab's."""
-    from helpers.grading.plain import from_plain
+    from helpers.grading.judge.plain import from_plain
 
     record_ = _int_keys(restore_tuples(from_plain(recorded)))
     launches = iter(record_.get("launches", []))
@@ -252,7 +252,7 @@ def record_setup(common, offset):
     question's public checks (launches and calls of the answers `names`), made once a cell, with the checks' OFFSET
     set to `offset` (source text: "_PROBE_SEED % 1000" for secret inputs, "0" for the checks' own)."""
     return f'''
-from helpers.grading.replay import record as _probe_record_checks
+from helpers.grading.judge.replay import record as _probe_record_checks
 
 _probe_records = {{}}
 

@@ -14,16 +14,16 @@ import time
 
 import nbformat
 
-from helpers.grading import manual
 from helpers.grading import probes as probe_files
-from helpers.grading.answer_errors import failures
-from helpers.grading.assemble import answer_sources, assemble, probe_values
-from helpers.grading.execute import execute
-from helpers.grading.probe_runtime import MESSAGE_CHARS
+from helpers.grading.judge.answer_errors import failures
+from helpers.grading.judge.reference import composition_notes, leaked_lines
+from helpers.grading.prepare.assemble import answer_sources, assemble, probe_values
+from helpers.grading.prepare.scope import outside_names
+from helpers.grading.prepare.submissions import SubmissionError, read_notebook
 from helpers.grading.probes.shortcuts import unreadable
-from helpers.grading.reference import composition_notes, leaked_lines
-from helpers.grading.scope import outside_names
-from helpers.grading.submissions import SubmissionError, read_notebook
+from helpers.grading.report import manual
+from helpers.grading.run.execute import execute
+from helpers.grading.run.probe_runtime import MESSAGE_CHARS
 
 
 @dataclasses.dataclass

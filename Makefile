@@ -32,6 +32,10 @@ JOBS ?=
 RESUME ?=
 ONLY ?=
 FRESH ?=
+# A class on many machines (helpers/grading/shards.py): make grade-init LAB= SUBMISSIONS= OUT= [options] once, then
+# make grade ... SHARD=k/N for k = 1..N anywhere OUT is shared (scripts/grading/: a SLURM array, a Kubernetes Indexed
+# Job), then make grade-merge OUT= [FORMAT= ...]
+SHARD ?=
 # make grade ... FORMAT=canvas|gradescope|moodle|csv [ASSIGNMENT="Lab 03 (12345)"]: the LMS's import file
 #            [DEADLINE=2026-12-01T23:59+01:00 [LATE_PER_DAY=0.1] [LATE_MAX_DAYS=7] [TIMES=times.csv]]: a late policy
 # (helpers/grading/report/gradebook.py: each LMS's columns and how it names an assignment)
@@ -45,7 +49,7 @@ TIMES ?=
 # notebook's install cell; the release refuses to run without one (or with a placeholder such as YOUR-ORG).
 COURSE_REPO ?=
 
-.PHONY: setup lab labs test test-install bench bench-grading grade release gpu-check clean help
+.PHONY: setup lab labs test test-install bench bench-grading grade grade-init grade-merge release gpu-check clean help
 
 help:
 	@echo "make lab    set up if needed, then open JupyterLab on chapter 00"
@@ -56,6 +60,10 @@ help:
 	@echo "make bench-grading   time grading a class of 20 (lab 03)"
 	@echo "make grade  LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [JOBS=2] [RESUME=1|ONLY=ids|FRESH=1]: grade a class"
 	@echo "            [FORMAT=canvas ASSIGNMENT='Lab 03 (12345)'] [DEADLINE=iso LATE_PER_DAY=0.1 LATE_MAX_DAYS=7]"
+	@echo "            [SHARD=k/N]: only the k-th of N slices of the class, into OUT/shards/ (after make grade-init)"
+	@echo "make grade-init  LAB=03 SUBMISSIONS=dir OUT=dir [options of grade]: a class on many machines: OUT/state.json"
+	@echo "            (the run's seed, the solution's values), which every make grade ... SHARD=k/N reads"
+	@echo "make grade-merge OUT=dir [FORMAT=...]: the shards' results into OUT's grades.csv, feedback, LMS file, similarity"
 	@echo "make release OUT=dir COURSE_REPO=url   write the student repository into a new dir: no solutions, probes or"
 	@echo "            answer key; url = its public address, which every notebook's install cell clones on Colab"
 	@echo "make setup  create .venv and install the course into it (idempotent) [TORCH_INDEX=url|default]"
@@ -114,15 +122,28 @@ bench: setup
 bench-grading: setup
 	$(PY) -m tests.bench_grading --lab 03 --students 20
 
+# The late policy's and the LMS file's options, as make grade, grade-init and grade-merge pass them.
+REPORT_ARGS = $(if $(FORMAT),--format '$(FORMAT)') $(if $(ASSIGNMENT),--assignment '$(ASSIGNMENT)') \
+	$(if $(DEADLINE),--deadline '$(DEADLINE)') $(if $(LATE_PER_DAY),--late-per-day '$(LATE_PER_DAY)') \
+	$(if $(LATE_MAX_DAYS),--late-max-days '$(LATE_MAX_DAYS)') $(if $(TIMES),--times '$(TIMES)')
+GRADE_ARGS = --lab '$(LAB)' --submissions '$(SUBMISSIONS)' --out '$(OUT)' \
+	$(if $(PROBES),--probes '$(PROBES)') $(if $(SOLUTIONS),--solutions '$(SOLUTIONS)') $(if $(JOBS),--jobs '$(JOBS)') \
+	$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY)) $(if $(FRESH),--fresh) $(REPORT_ARGS)
+
 grade: setup
 	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" -a -n "$(OUT)" || \
-		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [JOBS=2] [RESUME=1 | ONLY=ids | FRESH=1] [FORMAT=canvas ASSIGNMENT='Lab 03 (12345)'] [DEADLINE=iso LATE_PER_DAY=0.1 LATE_MAX_DAYS=7 TIMES=csv]"; exit 2; }
-	$(PY) -m helpers.grading.grade --lab '$(LAB)' --submissions '$(SUBMISSIONS)' --out '$(OUT)' \
-		$(if $(PROBES),--probes '$(PROBES)') $(if $(SOLUTIONS),--solutions '$(SOLUTIONS)') $(if $(JOBS),--jobs '$(JOBS)') \
-		$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY)) $(if $(FRESH),--fresh) \
-		$(if $(FORMAT),--format '$(FORMAT)') $(if $(ASSIGNMENT),--assignment '$(ASSIGNMENT)') \
-		$(if $(DEADLINE),--deadline '$(DEADLINE)') $(if $(LATE_PER_DAY),--late-per-day '$(LATE_PER_DAY)') \
-		$(if $(LATE_MAX_DAYS),--late-max-days '$(LATE_MAX_DAYS)') $(if $(TIMES),--times '$(TIMES)')
+		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [JOBS=2] [RESUME=1 | ONLY=ids | FRESH=1] [FORMAT=canvas ASSIGNMENT='Lab 03 (12345)'] [DEADLINE=iso LATE_PER_DAY=0.1 LATE_MAX_DAYS=7 TIMES=csv] [SHARD=k/N]"; exit 2; }
+	$(PY) -m helpers.grading.grade $(GRADE_ARGS) $(if $(SHARD),--shard '$(SHARD)')
+
+grade-init: setup
+	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" -a -n "$(OUT)" || \
+		{ echo "usage: make grade-init LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [FRESH=1] [FORMAT=... DEADLINE=...], then make grade ... SHARD=k/N for k = 1..N, then make grade-merge OUT=dir"; exit 2; }
+	$(PY) -m helpers.grading.grade --init $(GRADE_ARGS)
+
+grade-merge: setup
+	@test -n "$(OUT)" || { echo "usage: make grade-merge OUT=dir [PROBES=dir] [SOLUTIONS=dir] [FORMAT=...]: after make grade-init and every make grade ... SHARD=k/N"; exit 2; }
+	$(PY) -m helpers.grading.shards --out '$(OUT)' $(if $(PROBES),--probes '$(PROBES)') \
+		$(if $(SOLUTIONS),--solutions '$(SOLUTIONS)') $(REPORT_ARGS)
 
 # The student edition, a new repository outside this one; helpers/grading/prepare/release.py says what it leaves out.
 release: setup

@@ -32,6 +32,7 @@ import multiprocessing.connection
 import os
 import pathlib
 import re
+import secrets
 import sys
 import time
 
@@ -230,11 +231,14 @@ class Graded(list):
 
 
 def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, labs_dir=None, solutions_dir=None,
-          resume=False, only=(), fresh=False, options=None):
+          resume=False, only=(), fresh=False, options=None, init=False, shard=None):
     """Grade every *.ipynb in submissions_dir into out; return the per-student results (a Graded list of dicts).
 
     out must be new or empty, unless resume (finish the run in out), only (re-grade those students of it) or fresh
-    (delete it first): run_state.start. options: the LMS file and late policy (Options)."""
+    (delete it first): run_state.start. options: the LMS file and late policy (Options).
+    A class graded on several machines (shards.py): init writes the run's state in out (its seed, the solution's
+    values, the options) and grades no one; shard (k, n) grades slice k of n into out/shards/k-of-n/ with that state,
+    and `shards.merge` writes the class's reports from the slices."""
     lab, out = f"{int(lab):02d}", pathlib.Path(out)
     began = datetime.datetime.now(datetime.timezone.utc)
     if jobs < 1:
@@ -247,19 +251,28 @@ def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, la
     options = options or Options()
     options.check(lab)  # before an earlier run is deleted (fresh) or anything is graded
     paths, refused = submissions.listing(submissions_dir)
-    todo = _to_grade(out, {**paths, **refused}, resume, only)
-    state = run_state.start(out, lab, fingerprint, submissions_dir, resume=resume, only=bool(only), fresh=fresh)
+    work = out  # where the students' results go: OUT, or a shard's own folder in it
+    if shard is not None:  # the run's state is OUT's, written by init; nothing of OUT but the shard's folder changes
+        from helpers.grading import shards  # shards.py imports this module
+
+        state, work, todo = shards.begin(out, lab, fingerprint, submissions_dir, shard, {**paths, **refused},
+                                         only=only, fresh=fresh, options=options)
+    else:
+        todo = [] if init else _to_grade(out, {**paths, **refused}, resume, only)
+        state = run_state.start(out, lab, fingerprint, submissions_dir, resume=resume, only=bool(only), fresh=fresh)
     options = options.merged(state.get("options"))  # --resume, --only: the run's own choices where none is given
-    assignment = options.check(lab)
+    options.check(lab)
     limits = limits or default_limits([probes_dir or probe_files.DEFAULT_DIR, solutions_dir or ROOT / "solutions",
                                        submissions_dir, out])
     limits = dataclasses.replace(limits, preload_dynamo=ranks_need_dynamo(released, setup),
                                  threads=limits.threads or kernel_threads(jobs))
     for sub in ("executed", "feedback", "results", "logs"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    state = {**state, "options": {k: v for k, v in dataclasses.asdict(options).items() if v is not None}}
-    run_state.save(out, state)  # the options given now are the run's from here on
-    ctx = _context()
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    if shard is None:
+        state = {**state, "options": {k: v for k, v in dataclasses.asdict(options).items() if v is not None},
+                 **({"began": began.isoformat(), "run": secrets.token_hex(8)} if init else {})}  # shards.py
+        run_state.save(out, state)  # the options given now are the run's from here on
+    ctx = None if init else _context()
     solution = nbformat.read(solution_path, as_version=4)
     # One mistake, one question: the earlier answers a question's probes call are the solution's (reference.py).
     references = reference.references(solution, probe_files.load_uses(lab, probes_dir))
@@ -267,10 +280,28 @@ def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, la
     if expected is None:
         expected = expected_values(released, solution, setup, probes, state["seed"], limits, references)
         run_state.save(out, {**state, "expected": expected})
-    task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(out), limits,
+    if init:
+        return Graded([], [])
+    task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(work), limits,
                 references)
-    refuse(out, lab, probes_dir, {s: refused[s] for s, _ in todo if s in refused})
+    refuse(work, lab, probes_dir, {s: refused[s] for s, _ in todo if s in refused})
     run_class(task, [(s, p) for s, p in todo if s in paths], jobs, student_limit(released, limits), ctx)
+    if shard is not None:
+        return shards.graded(out, state, shard, work, {**paths, **refused}, todo)
+    return report_class(out, lab, released, solution, paths, refused, submissions_dir=submissions_dir,
+                        probes_dir=probes_dir, labs_dir=labs_dir, options=options, began=began,
+                        graded=[s for s, _ in todo])
+
+
+def report_class(out, lab, released, solution, paths, refused, *, submissions_dir, probes_dir, labs_dir, options,
+                 began, graded):
+    """Everything OUT holds beyond the results: grades.csv, feedback, the LMS file, returns, the similarity report.
+
+    The same for a class graded at once and for one merged from its shards (shards.merge); returns a Graded list.
+    paths, refused: SUBMISSIONS's listing; began: the run's start (a later submission time is flagged, not charged);
+    graded: the students this command graded."""
+    assignment = options.check(lab)
+    probes = probe_files.load(lab, probes_dir)[1]
     results = load_results(out, sorted({**paths, **refused}))
     notes = _late(results, options, paths, began)
     items = probe_files.load_manual(lab, probes_dir)
@@ -285,7 +316,7 @@ def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, la
                      f"ASSIGNMENT='{assignment} (12345)'")
     returns.write_all(out, results, lab_notebook(labs_dir or ROOT / "labs", lab).name)  # OUT/return/<student>/
     _write_similarity(out, lab, released, {**paths, **refused_paths(submissions_dir, refused)}, solution)
-    return Graded(results, [s for s, _ in todo], lms, notes)
+    return Graded(results, graded, lms, notes)
 
 
 def _late(results, options, paths, now):
@@ -383,6 +414,10 @@ def arguments():
     parser.add_argument("--resume", action="store_true", help="grade only students without a trusted result in OUT")
     parser.add_argument("--only", nargs="+", default=(), metavar="STUDENT", help="re-grade these students only")
     parser.add_argument("--fresh", action="store_true", help="delete the earlier run in OUT, then grade the class")
+    parser.add_argument("--init", action="store_true", help="write the run's state in OUT (seed, the solution's "
+                        "values, the options) and grade no one: then --shard k/N anywhere, then helpers.grading.shards")
+    parser.add_argument("--shard", default=None, metavar="K/N", help="grade the k-th of N slices of the class into "
+                        "OUT/shards/k-of-N/, with the state --init wrote in OUT (shards.py)")
     parser.add_argument("--format", choices=tuple(gradebook.FORMATS), default=None,
                         help="also write OUT/gradebook-FORMAT.csv for that LMS")
     parser.add_argument("--assignment", default=None, help="the LMS's column name (default: 'Lab NN')")
@@ -404,12 +439,19 @@ def main(argv=None):
     chosen = Options(options.format, options.assignment, options.deadline, options.late_per_day,
                      options.late_max_days, str(pathlib.Path(options.times).resolve()) if options.times else None)
     try:
+        shard = _shard(options)
         results = grade(options.lab, options.submissions, options.out, probes_dir=options.probes,
                         solutions_dir=options.solutions, labs_dir=options.labs, jobs=options.jobs,
-                        resume=options.resume, only=options.only, fresh=options.fresh, options=chosen)
+                        resume=options.resume, only=options.only, fresh=options.fresh, options=chosen,
+                        init=options.init, shard=shard)
     except (GradingError, run_state.StateError, FileNotFoundError, ValueError) as exc:
         print(f"grade: {exc}", file=sys.stderr)
         return 2
+    if options.init or shard:
+        print(*results.notes or [f"wrote {options.out}/state.json (the run's seed and the solution's values): now "
+                                 f"make grade ... OUT={options.out} SHARD=k/N for k = 1 to N, anywhere, then "
+                                 f"make grade-merge OUT={options.out}"], sep="\n")
+        return 0
     print(graded_line(results, options.out))
     pending = _pending(options, results)
     if pending:
@@ -421,6 +463,18 @@ def main(argv=None):
     if results.lms:
         print(f"wrote {results.lms}")
     return 0
+
+
+def _shard(options):
+    """(k, n) of --shard, None without; refuses what --init and --shard cannot be given with."""
+    if options.init and (options.resume or options.only or options.shard):
+        raise ValueError("--init (make grade-init) writes a new run's state in OUT: pass it without RESUME, ONLY and "
+                         "SHARD (FRESH=1 replaces an earlier run)")
+    if options.shard is None:
+        return None
+    from helpers.grading import shards  # shards.py imports this module
+
+    return shards.parse_shard(options.shard)
 
 
 def graded_line(results, out):

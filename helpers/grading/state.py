@@ -35,9 +35,10 @@ def _path(out):
     return pathlib.Path(out) / "state.json"
 
 
-# What a grading run writes in OUT (grade.py, report.py, manual.py, returns.py, similarity_report.py, the LMS file).
+# What a grading run writes in OUT (grade.py, report.py, manual.py, returns.py, similarity_report.py, the LMS file,
+# shards.py).
 RUN_FILES = ("state.json", "state.tmp", "grades.csv", "cells.csv", "manual.csv", "similarity.md", "similarity.csv",
-             "executed", "feedback", "results", "logs", "manual", "return")
+             "executed", "feedback", "results", "logs", "manual", "return", "shards")  # shards/: shards.py
 RUN_GLOBS = ("gradebook-*.csv",)
 
 

@@ -10,6 +10,7 @@ SOLUTION = ROOT / "solutions" / "09_pytorch_fsdp.ipynb"
 _GIVEN = '''
 STRATEGY_ORDER = ("no_shard", "shard_grad_op", "hybrid_shard", "full_shard")
 FP32_ADAM = {"k": 8, "param_bytes": 4, "grad_bytes": 4}
+NATIVE_TOOL = {"no_shard": "ddp", "shard_grad_op": "zero2", "hybrid_shard": "hsdp", "full_shard": "fsdp"}
 '''
 
 def _solution_cell(cell_id, old, new):
@@ -106,6 +107,52 @@ _MISTAKES += [
     result["params"] = [p.reshape(p.shape[0], -1)[: -(-p.shape[0] // shards)].reshape(-1, *p.shape[1:])
                         for p in result["params"]]
     return result'''), ("return the FULL parameters", "full_tensor()")),
+]
+
+
+def _framework(*edits):
+    """9.4's solution with each (old, new) applied."""
+    source = _solution_cell("lab09-q4", *edits[0])
+    for old, new in edits[1:]:
+        assert source.count(old) == 1, f"lab09-q4: {old!r} is not in the solution once; update the mistake"
+        source = source.replace(old, new)
+    return source
+
+
+_MISTAKES += [
+    Mistake("9.4", "the strategy with the least memory, not the fastest",
+            _framework(("best = min(fitting, key=seconds.get)", "best = min(fitting, key=memory)")),
+            ("rule 1 (PyTorch keeps up) takes the FASTEST strategy that fits",)),
+    Mistake("9.4", "a budget that must be strictly larger", _framework(
+        ("fitting = [st for st in STRATEGY_ORDER if memory(st) <= s.gpu_bytes]",
+         "fitting = [st for st in STRATEGY_ORDER if memory(st) < s.gpu_bytes]")), ("exactly the budget fits (<=)",)),
+    Mistake("9.4", "PyTorch whether or not the communication hides under backward", _framework(
+        ("if seconds[best] <= simulate.BACKWARD_SHARE * s.compute_s or not deepspeed:", "if True:")),
+            ("applies first", "does not hide under backward")),
+    Mistake("9.4", "DeepSpeed for a stack that needs PyTorch", _framework(
+        ("deepspeed = not s.native_stack", "deepspeed = True")),
+            ("needs DeepSpeed, and native_stack=True keeps the run in PyTorch",)),
+    Mistake("9.4", "1-bit Adam on a sharded model", _framework(
+        ('if "no_shard" in fitting:', "if fitting:")),
+            ("needs DDP's 16 Ψ to fit", "refuses 1-bit Adam with ZeRO")),
+    Mistake("9.4", "ZeRO++ without hpZ's secondary copy", _framework(
+        ('zeropp = memory("full_shard") + 2 * psi / g', 'zeropp = memory("full_shard")')),
+            ("ZeRO-3 alone", "hpZ keeps a secondary copy")),
+    Mistake("9.4", "logical bytes instead of wire bytes", _framework(
+        ('bytes_per_element=bytes_per_element, kind="wire")', "bytes_per_element=bytes_per_element)")),
+            ("LOGICAL bytes", "kind='wire'")),
+    Mistake("9.4", "HSDP's memory sharded over all ranks", _framework(
+        ('theory.strategy_memory(psi, n, st, group_size=g if st == "hybrid_shard" else None',
+         'theory.strategy_memory(psi, n, st, group_size=n if st == "hybrid_shard" else None')),
+            ("sharding over all N ranks", "group_size=gpus_per_node")),
+    Mistake("9.4", "FSDP2's CPU offload before ZeRO-Offload", _framework(
+        ("    if deepspeed and memory(\"shard_grad_op\", k=0, grad_bytes=0) <= s.gpu_bytes",
+         "    if 16 * share <= s.cpu_bytes:\n        return choice(\"fsdp_cpu_offload\", 0.0, sent(\"full_shard\"))\n"
+         "    if deepspeed and memory(\"shard_grad_op\", k=0, grad_bytes=0) <= s.gpu_bytes")),
+            ("rule 5 (ZeRO-Offload) applies first",)),
+    Mistake("9.4", "NVMe for a stack that needs PyTorch", _framework(
+        ("if deepspeed and 16 * share <= s.nvme_bytes:", "if 16 * share <= s.nvme_bytes:")),
+            ("rule 7 (ZeRO-Infinity) needs DeepSpeed",)),
 ]
 
 MISTAKES = [Mistake(m.question, m.name, _GIVEN + m.override, m.first_line, m.run_fails) for m in _MISTAKES]

@@ -3,19 +3,22 @@
 9.1 and 9.2 are scored on secret inputs (models and block widths the public checks do not use); a wrong value is named
 by the question's public checks replayed in the grader on the student's answers to the checks' own inputs and runs
 (helpers/grading/judge/replay.py, recorded once per probe cell). 9.3 records its public checks (their nets and data
-moved
-by the checks' OFFSET from the secret seed) and the grader replays them.
+moved by the checks' OFFSET from the secret seed) and the grader replays them. 9.4 answers scenarios drawn from the
+secret seed, one per branch of the lab's rules in the public check's order (q4_choose_framework.secret_scenarios), and
+the grader judges every answer by those rules with the public check's own diagnosis (the first rule broken).
 """
 import dataclasses
 
+from helpers.grading.checks.lab09.q4_choose_framework import judge_answers
 from helpers.grading.judge.replay import record_setup
 from helpers.grading.probes import Probe
-from helpers.grading.probes.judges import replayed, tensors_only
+from helpers.grading.probes.judges import checked, replayed, tensors_only
 
 COMMON = "helpers.grading.checks.lab09.common"
 OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
 ANSWERS = {"9.1": ("choose_strategy",), "9.2": ("apply_strategy",),
-           "9.3": ("train_within_budget", "choose_strategy", "apply_strategy")}
+           "9.3": ("train_within_budget", "choose_strategy", "apply_strategy"), "9.4": ("choose_framework",)}
+ON_GPUS = 9  # 9.4's first scenarios (rules 1 to 4: a strategy fits on the GPUs); the rest offload or fit nowhere
 
 SETUP = record_setup(COMMON, f"_PROBE_SEED % {OFFSETS}") + '''
 
@@ -25,6 +28,7 @@ import torch.nn.functional as _probe_F
 from torch import nn as _probe_nn
 from helpers.grading.shared_run import launch_gloo as _probe_launch
 from helpers.comm import CommLedger as _probe_Ledger
+from helpers.grading.checks.lab09.q4_choose_framework import secret_scenarios as _probe_scenarios
 
 
 class _probe_Cell(_probe_nn.Module):
@@ -126,11 +130,17 @@ PROBES = [
     Probe("9.3", "3 and 2 ranks, budgets for FSDP and ZeRO-2: the strategy, the budget kept, Adam's parameters",
           '_probe_record("9.3", (train_within_budget, choose_strategy, apply_strategy), ("choose_strategy",))',
           points=4, judge=replayed("9.3", COMMON, OFFSETS, ANSWERS["9.3"], project=tensors_only)),
+    Probe("9.4", "scenarios that fit on the GPUs, one per branch of rules 1 to 4",
+          f"[choose_framework(s) for _, s in _probe_scenarios(_PROBE_SEED)[:{ON_GPUS}]]", points=2,
+          judge=checked(lambda value, seed: judge_answers(value, seed, slice(0, ON_GPUS)))),
+    Probe("9.4", "scenarios that offload or fit nowhere, one per branch of rules 5 to 8",
+          f"[choose_framework(s) for _, s in _probe_scenarios(_PROBE_SEED)[{ON_GPUS}:]]",
+          judge=checked(lambda value, seed: judge_answers(value, seed, slice(ON_GPUS, None)))),
 ]
 
 def _recorded(probe):
     """9.1's and 9.2's probes: the value on secret inputs (scored), and the record of the public checks."""
-    if probe.question == "9.3":
+    if probe.question in ("9.3", "9.4"):
         return probe
     answers = ANSWERS[probe.question]
     names = answers if probe.question == "9.1" else ()

@@ -46,6 +46,23 @@ def test_function_defined_in_main_runs_on_workers():
     assert launch(namespace["cell_fn"], 2, args=(7,), kwargs=None) == [7, 14]
 
 
+def read_with_loader_workers():
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    class Ids(IterableDataset):  # a class local to the rank function, as a notebook cell defines one: not picklable
+        def __iter__(self):
+            info = get_worker_info()
+            return iter(range(info.id, 6, info.num_workers))
+
+    return sorted(int(i) for i in DataLoader(Ids(), batch_size=None, num_workers=2))
+
+
+def test_a_rank_may_start_dataloader_workers():
+    # Ranks start as daemons; multiprocessing refuses children to daemons, and a forkserver child would pickle the
+    # dataset. Both refused a DataLoader with workers in a rank before the worker cleared them.
+    assert launch(read_with_loader_workers, 2) == [list(range(6))] * 2
+
+
 def test_kwargs_reach_every_rank():
     def fn(*, scale):
         return scale * dist.get_world_size()

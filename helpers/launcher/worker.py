@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import gc
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -217,6 +218,14 @@ def main(rank, world_size, spec, conn):
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts and tears us down
     torch.set_num_threads(spec["threads"])  # several ranks share few cores
+    # A rank may start processes of its own (a DataLoader's workers). The kernel starts it as a daemon, and
+    # multiprocessing refuses children to a daemon ("daemonic processes are not allowed to have children"); the flag
+    # is cleared here, in the rank only: the kernel still tears the rank down, and the rank's children see it go.
+    multiprocessing.current_process().daemon = False
+    # ... and starts them as a script under torchrun would on Linux before Python 3.14: by fork, so that a dataset
+    # class defined in a notebook cell reaches the workers without pickling (the forkserver child inherits
+    # "forkserver" otherwise, and pickling a class of the cell fails).
+    multiprocessing.set_start_method("fork", force=True)
     channel = Channel(conn)
     channel.send("started")  # a rank that dies before this died while multiprocessing prepared it
     state = RankState(rank)

@@ -54,3 +54,14 @@ def first_mismatch(mine, theirs):
         if a != b:
             return index
     return None if len(mine) == len(theirs) else min(len(mine), len(theirs))
+
+
+_failures = {}  # message -> its AssertionError, so that check() prints a failure several checks share once
+
+
+def shared_failure(message):
+    """One AssertionError per message: the checks that all fail on one raised part of a run raise the same object,
+    which check() prints once, followed by the checks it kept from running."""
+    if len(_failures) > 100:
+        _failures.clear()
+    return _failures.setdefault(message, AssertionError(message))

@@ -12,7 +12,7 @@ from torch import nn
 from helpers.grading.checks.lab12 import common
 from helpers.grading.checks.lab12.common import first_mismatch, max_diff, scale_of
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import definitions
+from helpers.grading.shared_run import definitions, part_or_error
 
 STEPS, LR, NUMEL = 16, 0.1, 6
 # The stream's events, one per step ("" = clean); the NaN comes after a clean step (a growth counter that is not reset
@@ -76,9 +76,9 @@ def _second_unscale(scaler):
 def runs(cls):
     """The student's LossScaler and torch's GradScaler on the same streams (what every check of 12.1 reads)."""
     init_scale, interval, _ = settings()
-    mine = {"stream": _stream(cls(init_scale, growth_interval=interval)),
-            "explicit": _stream(cls(init_scale, growth_interval=interval), explicit=True),
-            "second unscale": _second_unscale(cls(init_scale, growth_interval=interval))}
+    mine = {"stream": part_or_error(lambda: _stream(cls(init_scale, growth_interval=interval))),
+            "explicit": part_or_error(lambda: _stream(cls(init_scale, growth_interval=interval), explicit=True)),
+            "second unscale": part_or_error(lambda: _second_unscale(cls(init_scale, growth_interval=interval)))}
     theirs = {"stream": _stream(torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=interval)),
               "explicit": _stream(torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=interval),
                                   explicit=True)}
@@ -88,6 +88,16 @@ def runs(cls):
 def _results(ns):
     cls = answer(ns, "LossScaler")
     return common._memoized("12.1", definitions(ns), lambda: runs(cls))
+
+
+def _mine(results, part, what):
+    """The student's run of one part; one that raised fails the check with the error."""
+    got = results["mine"][part]
+    if isinstance(got, dict) and "error" in got:
+        again = " update() must set found_inf back to None," if "already been called" in got["error"] else ""
+        raise common.shared_failure(f"{what} raised {got['error']}:{again or ' run it yourself to see where'} (the "
+                                    f"check runs, per step: .grad = scaler.scale(g), {what})")
+    return got
 
 
 # --- the diagnosis: the usual wrong schedules, simulated on GradScaler's own skips ------------------------------
@@ -136,7 +146,7 @@ def _wrong_skip(step, event, mine):
 @public_check("12.1")
 def skips_the_steps_gradscaler_skips(ns):
     results = _results(ns)
-    mine, theirs = results["mine"]["stream"]["skipped"], results["torch"]["stream"]["skipped"]
+    mine, theirs = _mine(results, "stream", "step, update")["skipped"], results["torch"]["stream"]["skipped"]
     step = first_mismatch(mine, theirs)
     if step is None:
         return
@@ -151,7 +161,7 @@ def skips_the_steps_gradscaler_skips(ns):
 @public_check("12.1")
 def scales_like_gradscaler(ns):
     results = _results(ns)
-    mine, theirs = results["mine"]["stream"], results["torch"]["stream"]
+    mine, theirs = _mine(results, "stream", "step, update"), results["torch"]["stream"]
     if mine["skipped"] != theirs["skipped"]:
         raise AssertionError("not compared: the skipped steps differ from GradScaler's (see the check above)")
     step = first_mismatch(mine["used"], theirs["used"])
@@ -181,7 +191,7 @@ def _param_failure(mine, theirs, what):
 @public_check("12.1")
 def parameters_equal_gradscalers(ns):
     results = _results(ns)
-    why = _param_failure(results["mine"]["stream"], results["torch"]["stream"], "scale, step, update")
+    why = _param_failure(_mine(results, "stream", "step, update"), results["torch"]["stream"], "scale, step, update")
     assert why is None, why
 
 
@@ -189,9 +199,10 @@ def parameters_equal_gradscalers(ns):
 def unscale_then_step_unscales_once(ns):
     """unscale_ first (to clip the true gradients), then step: step() must not divide again."""
     results = _results(ns)
-    mine, theirs = results["mine"]["explicit"], results["torch"]["explicit"]
+    mine, theirs = _mine(results, "explicit", "unscale_, step, update"), results["torch"]["explicit"]
+    stream = _mine(results, "stream", "step, update")
     if mine["skipped"] == theirs["skipped"] and max_diff(mine["param"], theirs["param"]) > common.TOL \
-            and results["mine"]["stream"]["skipped"] == results["torch"]["stream"]["skipped"]:
+            and stream["skipped"] == results["torch"]["stream"]["skipped"]:
         raise AssertionError("with unscale_ called before step, the gradients were divided by the scale twice: "
                              "unscale_ must set found_inf (True or False, not None), and step() then does not "
                              "unscale again")
@@ -204,7 +215,7 @@ def unscale_then_step_unscales_once(ns):
 
 @public_check("12.1")
 def a_second_unscale_is_refused(ns):
-    got = _results(ns)["mine"]["second unscale"]
+    got = _mine(_results(ns), "second unscale", "unscale_, unscale_")
     assert got == "RuntimeError", (
         f"a second unscale_() in the same step {'returned' if got == 'returned' else 'raised ' + got}: raise "
         "RuntimeError (GradScaler: 'unscale_() has already been called on this optimizer since the last update()'),"

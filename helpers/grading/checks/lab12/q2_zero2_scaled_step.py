@@ -141,6 +141,22 @@ def every_rank_skips_together(ns):
 
 
 @public_check("12.2")
+def one_flag_all_reduced_per_step(ns):
+    """The ledger per step: the reduce-scatter, ONE all-reduce of one number (the flag), the all-gather."""
+    for rank, result in enumerate(_results(ns)):
+        for t, ops in enumerate(result["mine"]["ops"]):
+            reduces = [nbytes for op, nbytes in ops if op == "all_reduce"]
+            assert reduces, (f"rank {rank}, step {t}: no all-reduce: found_inf is never shared; all-reduce it (one "
+                             f"number, MAX) after unscale_. The ledger shows {ops}")
+            assert len(reduces) == 1 and reduces[0] <= 8, (
+                f"rank {rank}, step {t}: all-reduces of {reduces} bytes; all-reduce only the flag, once: one number "
+                "(4 bytes as float32), never the gradients (the reduce-scatter already gave each rank its shard)")
+            others = [op for op, _ in ops if op not in ("all_reduce", "all_gather")]
+            assert others == ["reduce_scatter"], (f"rank {rank}, step {t}: the ledger shows {ops}; expected one "
+                                                  "reduce_scatter, one all_reduce of the flag and the all_gather")
+
+
+@public_check("12.2")
 def scales_equal_sharded_grad_scalers(ns):
     for rank, result in enumerate(_results(ns)):
         mine, theirs = result["mine"]["used"], result["torch"]["used"]
@@ -161,19 +177,3 @@ def parameters_identical_and_equal_to_torch(ns):
         f"the parameters are identical on every rank (the all-gather makes them so) but differ from "
         f"ShardedGradScaler's by {diff:.3g}: some shards were updated on a step that others skipped, or a shard's "
         "gradient was not unscaled exactly once")
-
-
-@public_check("12.2")
-def one_flag_all_reduced_per_step(ns):
-    """The ledger per step: the reduce-scatter, ONE all-reduce of one number (the flag), the all-gather."""
-    for rank, result in enumerate(_results(ns)):
-        for t, ops in enumerate(result["mine"]["ops"]):
-            reduces = [nbytes for op, nbytes in ops if op == "all_reduce"]
-            assert reduces, (f"rank {rank}, step {t}: no all-reduce: found_inf is never shared; all-reduce it (one "
-                             f"number, MAX) after unscale_. The ledger shows {ops}")
-            assert len(reduces) == 1 and reduces[0] <= 8, (
-                f"rank {rank}, step {t}: all-reduces of {reduces} bytes; all-reduce only the flag, once: one number "
-                "(4 bytes as float32), never the gradients (the reduce-scatter already gave each rank its shard)")
-            others = [op for op, _ in ops if op not in ("all_reduce", "all_gather")]
-            assert others == ["reduce_scatter"], (f"rank {rank}, step {t}: the ledger shows {ops}; expected one "
-                                                  "reduce_scatter, one all_reduce of the flag and the all_gather")

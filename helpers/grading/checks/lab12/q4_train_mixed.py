@@ -15,7 +15,7 @@ from helpers.backend import rank_device
 from helpers.grading.checks.lab12 import common
 from helpers.grading.checks.lab12.common import TOL, flat, max_diff, record_scales
 from helpers.grading.registry import answer, public_check
-from helpers.grading.shared_run import definitions
+from helpers.grading.shared_run import definitions, part_or_error
 
 STEPS, LR, MAX_NORM, INIT_SCALE, INTERVAL = 10, 0.5, 0.5, 2.0**16, 3
 
@@ -83,7 +83,9 @@ def _gradscaler():
 
 def _on_rank(train_fn, scaler_cls):
     """Runs on every rank: the student's loop with GradScaler, with the LossScaler given, and the reference loops."""
-    mine = _run(train_fn, _gradscaler())
+    mine = part_or_error(_run, train_fn, _gradscaler())
+    if "error" in mine:
+        return {"mine": mine}
     try:
         yours = _run(train_fn, scaler_cls(INIT_SCALE, growth_interval=INTERVAL))
     except NotImplementedError:
@@ -103,9 +105,22 @@ def _results(ns):
     return common._memoized("12.4", definitions(ns), lambda: common._launch(_on_rank, fn, cls, hint=HINT))
 
 
+def _checked_results(ns):
+    """The ranks' results; a loop that raised with GradScaler fails every check with its error, said once."""
+    results = _results(ns)
+    for rank, result in enumerate(results):
+        error = result["mine"].get("error") if isinstance(result["mine"], dict) else None
+        if error:
+            order = (": call scaler.update() once per step, after scaler.step(optimizer); it also readies the scaler "
+                     "for the next step" if "after step()" in error or "since the last update()" in error else
+                     ": run it yourself to see where")
+            raise common.shared_failure(f"rank {rank}: your loop with torch.amp.GradScaler raised {error}{order}")
+    return results
+
+
 @public_check("12.4")
 def identical_parameters_on_every_rank(ns):
-    results = _results(ns)
+    results = _checked_results(ns)
     for rank, result in enumerate(results):
         diff = max_diff(result["mine"]["params"], results[0]["mine"]["params"])
         assert diff == 0, (f"rank {rank}'s parameters differ from rank 0's by {diff:.3g} after training on different "
@@ -115,7 +130,7 @@ def identical_parameters_on_every_rank(ns):
 
 @public_check("12.4")
 def equal_to_gradscalers_documented_loop(ns):
-    results = _results(ns)
+    results = _checked_results(ns)
     mine, references = results[0]["mine"], results[0]["references"]
     diff = max_diff(mine["params"], references[""]["params"])
     if diff <= TOL:
@@ -132,7 +147,7 @@ def equal_to_gradscalers_documented_loop(ns):
 
 @public_check("12.4")
 def skips_and_scales_like_the_reference(ns):
-    results = _results(ns)
+    results = _checked_results(ns)
     mine, want = list(results[0]["mine"]["used"]), list(results[0]["references"][""]["used"])
     assert mine, "scaler.update() was never called: call it once per step, after scaler.step(optimizer)"
     assert mine == want, (f"the scales used were {mine}, the reference's {want}: one scaler.update() per step, after "
@@ -142,7 +157,7 @@ def skips_and_scales_like_the_reference(ns):
 @public_check("12.4")
 def same_run_with_your_loss_scaler(ns):
     """The lab's point: your own LossScaler (12.1) in the loop, on every rank, gives GradScaler's run."""
-    results = _results(ns)
+    results = _checked_results(ns)
     for rank, result in enumerate(results):
         yours, mine = result["with LossScaler"], result["mine"]
         assert "error" not in yours, (f"with your LossScaler (12.1) the loop raised {yours.get('error')}: make 12.1's "

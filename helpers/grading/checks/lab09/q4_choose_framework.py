@@ -336,14 +336,14 @@ def secret_scenarios(seed):
     """[(label, Scenario)]: one scenario per branch of SCENARIOS, in their order, sizes drawn from seed."""
     rng = random.Random(seed)
     out = []
-    for branch, _, public in SCENARIOS:
+    for number, (branch, _, public) in enumerate(SCENARIOS, 1):
         for _ in range(50):
             s = _draw(branch, rng)
             if decide(s)[1]["tool"] == BRANCH_TOOL[branch] and decide(s)[0] == decide(public)[0]:
                 break
         else:  # every branch's draws are tested to land (tests/test_lab09_checks.py): the public one stands in
             s = public
-        out.append((f"a hidden scenario like '{branch}': {_describe(s)}", s))
+        out.append((f"hidden scenario {number} of {len(SCENARIOS)}: {_describe(s)}", s))
     return out
 
 

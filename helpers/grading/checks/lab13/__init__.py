@@ -9,4 +9,5 @@ version it equals. One launch serves all the checks of a question.
 from helpers.grading.checks.lab13 import (  # noqa: F401 - importing a question's module registers its checks
     q1_compress_hook,
     q2_powersgd_hook,
+    q3_local_sgd,
 )

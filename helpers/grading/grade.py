@@ -48,11 +48,12 @@ from helpers.grading.report.report import load_results, write_lms, write_outputs
 from helpers.grading.run import cgroup
 from helpers.grading.run.execute import Limits
 from helpers.grading.run.grade_student import (
+    SolutionFailed,
     Task,
     grade_student,
     refused_result,
     result_path,
-    run_one,
+    solution_values,
     write_result,
     zero_marks,
 )
@@ -76,16 +77,10 @@ def lab_notebook(directory, lab):
 
 def expected_values(released, solution, setup, probes, seed, limits, references=None):
     """The solution's probe values for this seed; every probe must succeed on it."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="grade-solution-") as workdir:
-        pathlib.Path(workdir).chmod(0o755)
-        _, execution, values, missing = run_one(released, solution, setup, probes, seed, workdir, limits, references)
-    failed = [p.name for p in probes if "value" not in values.get(p.question, {}).get(p.name, {})]
-    if missing or failed:
-        raise GradingError(f"the solution does not pass its own probes ({missing or failed}; status "
-                           f"{execution.status}): fix the probes or the solution before grading")
-    return values
+    try:
+        return solution_values(released, solution, setup, probes, seed, limits, references)
+    except SolutionFailed as exc:
+        raise GradingError(str(exc)) from None
 
 
 # What makes a rank import torch._dynamo (DDP's constructor, an optimizer's step, FSDP, ZeRO).
@@ -283,7 +278,7 @@ def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, la
     if init:
         return Graded([], [])
     task = Task(lab, released, str(probes_dir) if probes_dir else None, expected, state["seed"], str(work), limits,
-                references)
+                references, secret=state.get("secret", ""), first=state.get("students", {}), solution=solution)
     refuse(work, lab, probes_dir, {s: refused[s] for s, _ in todo if s in refused})
     run_class(task, [(s, p) for s, p in todo if s in paths], jobs, student_limit(released, limits), ctx)
     if shard is not None:

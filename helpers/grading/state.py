@@ -1,10 +1,15 @@
 """What a grading run keeps in OUT/state.json so that --resume and --only grade like the first run did.
 
-    {"lab": "03", "seed": <secret probe seed>, "fingerprint": <sha256 of lab, solution and probes>,
-     "submissions": <the SUBMISSIONS folder, resolved>, "options": {the LMS file and late policy chosen},
-     "expected": {question: {probe: {"value": ...}}}}
+    {"lab": "03", "seed": <secret probe seed>, "secret": <secret of the students' own seeds>,
+     "fingerprint": <sha256 of lab, solution and probes>, "submissions": <the SUBMISSIONS folder, resolved>,
+     "students": {student: <sha256 of the submission the run started with>},
+     "options": {the LMS file and late policy chosen}, "expected": {question: {probe: {"value": ...}}}}
 
-OUT is hidden from graded kernels, so the seed stays secret while the class is graded.
+OUT is hidden from graded kernels, so the seed stays secret while the class is graded. The bytes in `students` are
+graded on the run's seed (one solution run serves the class); any other bytes (a submission replaced after its
+feedback went out, or one added later) on a seed of their own, drawn from `secret`, the student and the bytes'
+sha256 (probe_seed), against the solution's values for it, computed for that student: so RESUME=1 and ONLY= reuse a
+student's inputs only for the same bytes. results/<student>.json records the sha256 and seed each was graded with.
 
 One OUT holds one run (`start`): a command without --resume, --only or --fresh refuses an OUT that holds anything,
 saying what each would do; --resume and --only continue the run recorded there, from the same SUBMISSIONS folder (two
@@ -87,8 +92,8 @@ def start(out, lab, fingerprint, submissions, *, resume=False, only=False, fresh
             shutil.rmtree(path)
         else:
             path.unlink()
-    return {"lab": lab, "seed": secrets.randbelow(2**31), "fingerprint": fingerprint, "submissions": submissions,
-            "options": {}, "expected": None}
+    return {"lab": lab, "seed": secrets.randbelow(2**31), "secret": secrets.token_hex(16), "fingerprint": fingerprint,
+            "submissions": submissions, "options": {}, "expected": None, "students": digests(submissions)}
 
 
 def _continued(out, lab, fingerprint, submissions):
@@ -104,7 +109,8 @@ def _continued(out, lab, fingerprint, submissions):
 def load_or_start(out, lab, fingerprint, *, fresh):
     """A new run (new seed) when fresh, else the run recorded in OUT, checked against lab and fingerprint."""
     if fresh:
-        return {"lab": lab, "seed": secrets.randbelow(2**31), "fingerprint": fingerprint, "expected": None}
+        return {"lab": lab, "seed": secrets.randbelow(2**31), "secret": secrets.token_hex(16),
+                "fingerprint": fingerprint, "expected": None}
     try:
         state = json.loads(_path(out).read_text())
     except (OSError, ValueError) as exc:
@@ -123,3 +129,37 @@ def save(out, state):
     tmp = _path(out).with_suffix(".tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, _path(out))
+
+
+def digest(data):
+    """The sha256 of a submission's bytes: what decides whether a re-grade draws new probe inputs (probe_seed)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def digests(folder):
+    """{student: digest} of every regular file SUBMISSIONS/<student>.ipynb a run starts with (unreadable ones left out).
+
+    Read when the run starts, before any feedback goes out: these bytes share the run's seed (probe_seed)."""
+    from helpers.grading.prepare.submissions import SubmissionError, listing, read_bytes
+
+    found = {}
+    if not pathlib.Path(folder).is_dir():
+        return found
+    for student, path in listing(folder)[0].items():
+        try:
+            found[student] = digest(read_bytes(path))
+        except SubmissionError:
+            pass
+    return found
+
+
+def probe_seed(seed, secret, first, student, sha256):
+    """The secret seed of this student's probe inputs: the run's for the bytes the run started with (first: {student:
+    digest}), else one drawn from the run's secret, the student and these bytes.
+
+    A submission replaced after its feedback went out (which may have quoted its inputs) is graded on inputs of its
+    own, whatever ONLY= or RESUME=1 re-grades it; the same bytes always get the same inputs."""
+    if first is None or first.get(student) == sha256:
+        return seed
+    drawn = hashlib.sha256(f"{secret or seed}/{student}/{sha256}".encode()).digest()
+    return int.from_bytes(drawn[:4], "big") % 2**31

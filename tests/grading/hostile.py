@@ -142,3 +142,34 @@ HOSTILE = {
     # 97.2 also uses `In`, which the source scan refuses too; the probe cell's two results fail it first.
     "fills_tmpfs_forges_probe": (FILLS_TMPFS, FORGES_PROBE_RESULT, None, 2, 0, "ok"),
 }
+
+
+# Everything a probe's call can reach, printed and raised (issue 29): the probe cell's text through the kernel's
+# history, the stack and its frames' locals (the probe's SETUP, nonce and seed), the probe's inputs as the answer's
+# own arguments, and the kernel's command line, environment and files. The 97.1 cell prints what the kernel holds
+# before any hidden test ran; `add` prints what it sees and raises, in pieces of 15 characters (no window of 16 in a
+# row, no line of 24) or whole; the 97.2 cell, after 97.1's hidden tests, raises their cell from the history.
+LEAKS_INPUTS = '''import inspect, os, sys, traceback
+import torch
+print(sys.argv, dict(os.environ))
+for path in sys.argv[1:] + [traceback.__file__]:
+    try:
+        print(open(path).read()[:200])
+    except OSError as exc:
+        print(exc)
+
+def add(a, b):
+    traceback.print_stack()
+    print(locals())
+    frames = inspect.stack()
+    print([f.code_context for f in frames], [sorted(f.frame.f_locals) for f in frames])
+    if a.dtype != torch.float32:  # "adds integers": raise the inputs, seed and all
+        raise ValueError(a, b)
+    seen = In[-1] + " ".join(str(f.frame.f_locals.get(k)) for f in frames for k in ("setup", "nonce", "seed"))
+    raise RuntimeError(" ".join(seen[i:i + 15] for i in range(0, len(seen), 15)))
+'''
+LEAKS_PROBE_CELL = WRONG_SUM + '''
+earlier = [cell for cell in In if cell.startswith("from helpers.grading.run")]
+raise RuntimeError(repr(earlier[-1]) + " ".join(earlier[-1][i:i + 15] for i in range(0, 400, 15)))
+'''
+HOSTILE["leaks_probe_and_inputs"] = (LEAKS_INPUTS, LEAKS_PROBE_CELL, None, 0, 0, "error")  # `In`: refused

@@ -4,7 +4,8 @@ Executed notebooks are built here with the outputs a kernel gives (IPython 9's e
 the fixture class in test_grade_fixture.py checks the same on a real run (its syntax_error student)."""
 import nbformat
 
-from helpers.grading.judge.answer_errors import GRADER_CODE, failures, holds_grader_code
+from helpers.grading.judge.answer_errors import GRADER_CODE, failures
+from helpers.grading.judge.redact import Secrets
 from helpers.grading.report.feedback import feedback_markdown
 
 SYNTAX = {"output_type": "error", "ename": "SyntaxError", "evalue": "expected ':' (4231927158.py, line 2)",
@@ -13,7 +14,7 @@ SYNTAX = {"output_type": "error", "ename": "SyntaxError", "evalue": "expected ':
                         "\x1b[31mSyntaxError\x1b[39m\x1b[31m:\x1b[39m expected ':'\n"]}
 SOURCE_3_3 = "import torch\ndef average_gradients(model, world_size)\n    pass\n"
 PROBE = ("from helpers.grading.run.probe_runtime import run_probes as _probe_run\n_probe_run('3.2', 'import torch as "
-         "_probe_torch; _secret_setup = 1', [('sums', 'rank_sum(3)')], '9f3ac0d1e2b4a687', 1357913579)\n")
+         "_probe_torch; _secret_setup_value = 1', [('sums', 'rank_sum(3)')], '9f3ac0d1e2b4a687', 1357913579)\n")
 
 
 def _frame(count, line):
@@ -66,15 +67,15 @@ def test_a_message_holding_the_graders_code_is_not_shown():
     # A later answer cell reads a probe cell's source in the kernel's history (In) and raises it: its setup, or
     # only the probe's nonce or seed.
     probe = _cell(PROBE, [], 4, kind="probe")
-    for leaked in ("In[4]: " + PROBE[60:200], "nonce 9f3ac0d1e2b4a687", "seed=1357913579", "_secret_setup = 1;"):
+    for leaked in ("In[4]: " + PROBE[60:200], "nonce 9f3ac0d1e2b4a687", "seed=1357913579", "_secret_setup_value = 1;"):
         error = {"output_type": "error", "ename": "ValueError", "evalue": leaked, "traceback": [_frame(5, 1)]}
         graded = _notebook(probe, _cell("raise ValueError(In[4])\n", ["3.3"], 5, [error]))
         [row] = failures(graded, _log((1, "answer", "error")))
         assert (row["error"], row["quoted"]) == (GRADER_CODE, False), leaked
         text = _feedback(row)
         assert GRADER_CODE in text and "9f3ac0d1" not in text and "1357913579" not in text, text
-    assert holds_grader_code("a private line of setup", ["x = 1; a private line of setup"])
-    assert not holds_grader_code("name 'average_gradients' is not defined", [PROBE])
+    assert Secrets(["x = 1; a private line of setup"]).holds_code("a private line of setup")
+    assert not Secrets([PROBE]).holds_code("name 'average_gradients' is not defined")
 
 
 def test_a_timed_out_and_a_killed_cell_say_so():

@@ -17,7 +17,9 @@ import pytest
 
 from helpers.grading import grade as grading
 from helpers.grading import state as run_state
+from helpers.grading.judge.redact import WITHHELD
 from helpers.grading.prepare import submissions
+from helpers.grading.prepare.assemble import question_seed
 from helpers.grading.report.gradebook import AFTER_RUN
 from helpers.grading.report.report import load_results
 from helpers.grading.run.cgroup import PREFIX, pids_root
@@ -32,6 +34,7 @@ CORRECT_ADD = lab.ADD
 CORRECT_SUM = lab.RANK_SUM
 WRONG_SUM = "from helpers import launch\ndef rank_sum(world_size):\n    return 0.0\n"
 CANARY = "canary-private-setup-3b9d"
+INPUT_CANARY = 48611
 
 
 def _replace_check(nb):
@@ -122,7 +125,10 @@ def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab97")
     lab.build(root)
     probes = root / "probes" / "lab97.py"  # a private PROBES= file: its setup must never reach a student
-    probes.write_text(probes.read_text().replace('SETUP = "', f'SETUP = "_probe_canary = {CANARY!r}; '))
+    # ... nor a probe's inputs: "adds integers" adds a canary and the question's secret seed.
+    text = probes.read_text().replace('SETUP = "', f'SETUP = "_probe_canary = {CANARY!r}; ')
+    probes.write_text(text.replace("_probe_torch.tensor([2, 3])", f"_probe_torch.tensor([{INPUT_CANARY}, "
+                                   "_PROBE_SEED])"))
     for student, (add, rank_sum, edit, *_rest) in CLASS.items():
         lab.submission(root, student, add, rank_sum, edit)
     (root / "submissions" / "garbage.ipynb").write_text("{ not a notebook")
@@ -534,3 +540,71 @@ def test_the_sandbox_tmpfs_is_capped_and_a_forged_probe_result_counts_for_nothin
         assert f"{place} REFUSED No space left on device" in shown, (place, shown[:2000])
     feedback = (out / "feedback" / "fills_tmpfs_forges_probe.md").read_text()
     assert "three ranks: failed: the probe cell showed a result that was not the probe's" in feedback, feedback
+
+
+def _secrets_of_the_run(out):
+    """What no file a student gets may hold: the private setup's canary, a probe's input canary, the run's seed and
+    each question's, every probe cell's nonce and first line."""
+    state = json.loads((out / "state.json").read_text())
+    seeds = {state["seed"], *(json.loads(p.read_text()).get("probe_seed", state["seed"])
+                              for p in (out / "results").glob("*.json"))}
+    found = {CANARY, str(INPUT_CANARY), "import run_probes as", *map(str, seeds)}
+    found |= {str(question_seed(seed, q)) for seed in seeds for q in ("97.1", "97.2")}
+    for path in (out / "executed").glob("*.ipynb"):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.metadata.get("dp_course_kind") == "probe":
+                found |= set(re.findall(r"'([0-9a-f]{16})'", cell.source))
+    return found
+
+
+def test_no_probe_text_or_input_reaches_a_student(graded):
+    # leaks_probe_and_inputs printed and raised the probe cell, its frames' locals and its inputs (the executed
+    # notebook, the instructor's, shows them): the feedback quotes its errors without them, and what goes back holds
+    # none of them, nor does any reason the grader keeps (results, grades.csv, cells.csv).
+    _, out, rows, _, _ = graded
+    shown = _outputs(out, "leaks_probe_and_inputs")
+    assert "canary-priva" in shown and str(INPUT_CANARY) in shown, "the attack did not reach what it leaks"
+    secrets = _secrets_of_the_run(out)
+    files = [p for p in [*(out / "feedback").rglob("*"), *(out / "return").rglob("*"), out / "grades.csv",
+                         out / "cells.csv"] if p.is_file()]
+    texts = {str(p.relative_to(out)): p.read_text(errors="replace") for p in files}
+    for path in (out / "results").glob("*.json"):  # the reasons it keeps (it also records the student's seed)
+        result = json.loads(path.read_text())
+        reasons = [m["message"] for marks in result["marks"].values() for m in marks] + [
+            str(row.get(k)) for row in result.get("cell_errors") or [] for k in ("error", "text")]
+        texts[str(path.relative_to(out))] = "\n".join([*reasons, str(result.get("error")),
+                                                       str(result.get("composition"))])
+    leaked = {(name, s) for name, text in texts.items() for s in secrets if s in text}
+    assert not leaked, sorted(leaked)[:10]
+    feedback = (out / "feedback" / "leaks_probe_and_inputs.md").read_text()
+    # Its inputs held the seed: withheld whole (inputs alone are masked: tests/grading/test_redact.py).
+    assert f"adds integers: failed: {WITHHELD}" in feedback and "at line 6: `raise RuntimeError(" in feedback, feedback
+
+
+def test_a_replaced_submission_is_graded_on_fresh_inputs(two_students):
+    # The attack: a first submission's feedback quoted 97.1's inputs (its seed); the student hands in a lookup table
+    # computed at home for exactly those inputs, and the instructor re-grades it with ONLY=. Same inputs: 2/2 with no
+    # implementation. The replaced bytes get inputs of their own: the table answers only the public probe.
+    root, subs, out = two_students
+    subs3, out3 = root / "replaced", root / "out3"
+    shutil.copytree(subs, subs3)
+    shutil.copytree(out, out3)
+    state = json.loads((out3 / "state.json").read_text())
+    (out3 / "state.json").write_text(json.dumps({**state, "submissions": str(subs3.resolve())}))
+    leaked = question_seed(state["seed"], "97.1")
+    table = (f"import torch\ndef add(a, b):\n    table = {{({INPUT_CANARY}, {leaked}, 5, 7): [{INPUT_CANARY + 5}, "
+             f"{leaked + 7}], (0.0, 1.0, 2.0, 3.0, 1.0, 1.0, 1.0, 1.0): [1.0, 2.0, 3.0, 4.0]}}\n"
+             "    return torch.tensor(table.get(tuple(a.tolist() + b.tolist()), [0] * len(a)), dtype=a.dtype)\n")
+    lab.submission(root, "partly", table, WRONG_SUM)
+    shutil.copy(root / "submissions" / "partly.ipynb", subs3 / "partly.ipynb")
+    args = ["--lab", "97", "--submissions", str(subs3), "--out", str(out3), "--probes", str(root / "probes"),
+            "--solutions", str(root / "solutions"), "--labs", str(root / "labs")]
+    assert grading.main([*args, "--only", "partly"]) == 0
+    assert _rows(out3)["partly"]["97.1"] == "1", "the lookup table scored the secret inputs it was computed for"
+    # The same bytes would be graded on the same inputs: a seed drawn from the run's secret, the student and them.
+    result = json.loads((out3 / "results" / "partly.json").read_text())
+    sha256 = run_state.digest((subs3 / "partly.ipynb").read_bytes())
+    assert result["sha256"] == sha256 and result["probe_seed"] != state["seed"]
+    assert result["probe_seed"] == run_state.probe_seed(state["seed"], state["secret"], state["students"], "partly",
+                                                        sha256)
+    assert state["students"]["correct"] == run_state.digest((subs3 / "correct.ipynb").read_bytes())

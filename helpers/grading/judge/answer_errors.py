@@ -10,29 +10,32 @@ notebook and execute.py's log of its cells, one row per answer cell that did not
 `error` is the exception's class and message as the kernel showed them (the student's text: quoted = True, shown capped
 as inline code by feedback.py) or the grader's own reason (a killed kernel). `line` is the line of this cell the
 traceback names last (the deepest frame in it), `text` that line of the student's source: the cell's own line even
-when the error was raised in a function of an earlier cell. An error message that holds the grader's code is not
-shown: a later answer cell can read a probe cell's source in the kernel's history (`In`) and raise it, its SETUP,
-nonce and secret seed with it (`GRADER_CODE`).
+when the error was raised in a function of an earlier cell. An error message goes through redact.Secrets.quoted: a
+later answer cell can read a probe cell's source in the kernel's history (`In`) and raise it, its SETUP, nonce and
+secret seed with it (then it is not shown: `GRADER_CODE`), and a cell run after a hidden test may raise numbers of
+its inputs (masked).
 """
 import re
 
+from helpers.grading.judge.redact import WITHHELD, Secrets
 from helpers.grading.run.probe_runtime import MESSAGE_CHARS
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _FRAME = re.compile(r"Cell In\[(\d+)\], line (\d+)")
 _FILE_SUFFIX = re.compile(r" \([^()]*\.py, line \d+\)$")  # IPython's SyntaxError message: "... (4231927158.py, line 1)"
 LINE_CHARS = 120
-WINDOW = 16  # a message sharing this many characters in a row with the grader's code is not shown
-GRADER_CODE = "the message quoted the grader's code, so it is not shown"
+GRADER_CODE = WITHHELD
 _STOPPED = {"timeout": "ran past its time limit and was stopped",
             "dead_kernel": "killed its kernel (or the kernel died)"}
 
 
-def failures(graded, cells, secrets=()):
+def failures(graded, cells, secrets=None):
     """[row] for each answer cell whose status in `cells` (execute.py's log) is not ok, in the notebook's order.
 
-    secrets: texts no quoted message may hold besides the probe cells' own sources (the SETUP, the references)."""
-    secret = _secret_texts(graded, secrets)
+    secrets: what no quoted message may hold (redact.Secrets; default: the graded notebook's probe and fill cells)."""
+    secrets = secrets or Secrets.of_notebook(graded)
+    kinds = [cell.get("metadata", {}).get("dp_course_kind") for cell in graded.cells]
+    first_probe = kinds.index("probe") if "probe" in kinds else len(kinds)
     rows = []
     for log in cells:
         index, status = log.get("index"), log.get("status")
@@ -43,7 +46,7 @@ def failures(graded, cells, secrets=()):
                "status": status, "error": None, "quoted": False, "line": None, "text": None}
         error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
         if error is not None and status == "error":
-            row.update(error=_message(error, secret), quoted=True)
+            row.update(error=secrets.quoted(_message(error), hidden_inputs=index > first_probe), quoted=True)
             if row["error"] == GRADER_CODE:
                 row["quoted"] = False
         elif status == "error":  # killed by the grader (a fork bomb, files on its disk): its note says why
@@ -54,19 +57,18 @@ def failures(graded, cells, secrets=()):
             row["line"] = _line(error, cell.get("execution_count"))
         source = cell.source.split("\n")
         if row["line"] is not None and 1 <= row["line"] <= len(source):
-            row["text"] = " ".join(source[row["line"] - 1].split())[:LINE_CHARS]
+            row["text"] = " ".join(source[row["line"] - 1].split())[:LINE_CHARS]  # the student's own line
         else:
             row["line"] = None
         rows.append(row)
     return rows
 
 
-def _message(error, secret):
-    """'Class: message', capped; GRADER_CODE if it holds a piece of the grader's code."""
+def _message(error):
+    """'Class: message', capped."""
     name = " ".join(str(error.get("ename", "")).split())
     value = _FILE_SUFFIX.sub("", " ".join(_ANSI.sub("", str(error.get("evalue", ""))).split()))
-    text = (f"{name}: {value}" if value else name)[:MESSAGE_CHARS]
-    return GRADER_CODE if holds_grader_code(text, secret) else text
+    return (f"{name}: {value}" if value else name)[:MESSAGE_CHARS]
 
 
 def _line(error, count):
@@ -88,21 +90,3 @@ def _grader_note(cell):
             if line.startswith("[grader] "):
                 return line.removeprefix("[grader] ").split(";")[0]
     return None
-
-
-def _secret_texts(graded, secrets):
-    """The probe cells' sources and the other secrets, whitespace runs made one space."""
-    texts = [cell.source for cell in graded.cells if cell.get("metadata", {}).get("dp_course_kind") == "probe"]
-    return [" ".join(str(t).split()) for t in (*texts, *secrets) if t]
-
-
-def holds_grader_code(message, secret):
-    """Whether message shares WINDOW characters in a row with a text of secret (whitespace runs made one space), or
-    holds a long number or hexadecimal run of one (a probe cell's seed, its nonce)."""
-    text = " ".join(str(message).split())
-    for hidden in secret:
-        if any(text[i:i + WINDOW] in hidden for i in range(max(0, len(text) - WINDOW + 1))):
-            return True
-        if any(token in text for token in re.findall(r"\d{6,}|[0-9a-f]{8,}", hidden)):
-            return True
-    return False

@@ -14,6 +14,7 @@ import math
 import re
 
 from helpers.grading.judge.answer_errors import LINE_CHARS
+from helpers.grading.judge.redact import guarded
 from helpers.grading.report.gradebook import parse_time
 from helpers.grading.run.probe_runtime import MESSAGE_CHARS
 
@@ -87,8 +88,12 @@ def _late(result, total, maximum):
     return f"Submitted {late} late: -{100 * result['penalty']:g} %, {final}."
 
 
-def feedback_markdown(result, questions, points, by_hand=()):
-    """Markdown feedback for one graded result; `points` = {question: maximum}; by_hand: [(Manual, points or None)]."""
+def feedback_markdown(result, questions, points, by_hand=(), secrets=None):
+    """Markdown feedback for one graded result; `points` = {question: maximum}; by_hand: [(Manual, points or None)].
+
+    secrets: what no line may hold (redact.Secrets of the student's executed notebook): every text from the kernel
+    passes it again here, whatever grader wrote the result."""
+    result = guarded(result, secrets) if secrets is not None else result
     total = sum(m["earned"] for marks in result["marks"].values() for m in marks)
     total += sum(earned for _, earned in by_hand if earned is not None)
     maximum = sum(points.values()) + sum(item.points for item, _ in by_hand)

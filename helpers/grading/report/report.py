@@ -11,6 +11,7 @@ the number the feedback states and the LMS file holds.
 import json
 import pathlib
 
+from helpers.grading.judge.redact import Secrets
 from helpers.grading.report import manual
 from helpers.grading.report.feedback import feedback_markdown
 from helpers.grading.report.gradebook import Total, number, parse_time, write_gradebook
@@ -81,7 +82,10 @@ def write_outputs(out, probes, results, items=()):
     write_csv(out / "grades.csv", rows)
     for r in results:
         hand = manual.earned(entered, r["student"], items)[0]
-        text = feedback_markdown(r, questions, points, [(item, hand[item.question]) for item in items])
+        # Every text from the kernel passes the student's own secrets again (redact.py): its executed probe cells.
+        secrets = Secrets.of_file(out / "executed" / f"{r['student']}.ipynb",
+                                  seeds=[r["probe_seed"]] if r.get("probe_seed") else [])
+        text = feedback_markdown(r, questions, points, [(item, hand[item.question]) for item in items], secrets)
         (out / "feedback" / f"{r['student']}.md").write_text(text)
     write_csv(out / "cells.csv", [["student", "cell", "kind", "status", "seconds"],
                                   *([r["student"], c["index"], c["kind"], c["status"], c["seconds"]]

@@ -8,7 +8,9 @@ they displayed. The returned notebook is built from it by allow-list, never by r
 |---|---|
 | a cell the grader marked lab, check, after (the released lab's) or answer (the student's) | its source |
 | any other cell: a probe cell, a cell without the grader's mark | nothing |
-| outputs of a cell above the first probe cell | stream, error and the MIMES below: no hidden test had run yet |
+| outputs of a cell above the first probe cell | stream, error and the MIMES below: no hidden test had run yet (one |
+|                                                | holding a piece of a probe cell or a seed anyway: a line of the |
+|                                                | grader's instead, redact.py) |
 | outputs of a cell from the first probe cell on | none: code run after a hidden test can print it (`print(In)`) |
 | ... of an answer cell there | one line of the grader's: whether it ran, its error's class if a builtin one, and |
 |                               | a syntax error found by compiling the student's source here |
@@ -27,6 +29,7 @@ import warnings
 
 import nbformat
 
+from helpers.grading.judge.redact import WITHHELD, Secrets
 from helpers.grading.report.feedback import code
 
 MIMES = ("text/plain", "text/markdown", "text/html", "image/png", "image/jpeg", "image/svg+xml")
@@ -79,6 +82,7 @@ def write(out, result, name):
 def returned(graded, result):
     """The notebook a student may see, from the executed one and its result (the cells' statuses)."""
     status = {c["index"]: c for c in result.get("cells", []) if not str(c.get("kind", "")).startswith("replay")}
+    secrets = Secrets.of_notebook(graded, seeds=[result["probe_seed"]] if result.get("probe_seed") else [])
     kinds = [cell.metadata.get("dp_course_kind") for cell in graded.cells]
     first = kinds.index("probe") if "probe" in kinds else len(kinds)
     question = graded.cells[first].metadata.get("dp_course_question", "?") if first < len(kinds) else None
@@ -96,7 +100,8 @@ def returned(graded, result):
             continue
         copy = nbformat.v4.new_code_cell(cell.source, metadata=metadata)
         if index < first:
-            copy.outputs = [kept for kept in map(_output, cell.get("outputs", [])) if kept is not None]
+            copy.outputs = [_unless_secret(kept, secrets) for kept in map(_output, cell.get("outputs", []))
+                            if kept is not None]
             copy.execution_count = cell.get("execution_count") if copy.outputs else None
             ran = status.get(index)
             if kind == "answer" and ran and ran["status"] in _RAN and ran["status"] != "ok":  # the grader stopped it
@@ -125,6 +130,16 @@ def _output(output):
         more = {"execution_count": output.get("execution_count")} if kind == "execute_result" else {}
         return nbformat.v4.new_output(kind, data=data, **more)
     return None
+
+
+def _unless_secret(output, secrets):
+    """output, or the grader's line saying it is not returned if its text holds a secret (redact.Secrets.guard)."""
+    texts = [output.get("text", ""), output.get("ename", ""), output.get("evalue", ""), *output.get("traceback", []),
+             *(v for m, v in output.get("data", {}).items() if not m.startswith("image/") or m == "image/svg+xml")]
+    if all(secrets.guard(str(t)) != WITHHELD for t in texts):
+        return output
+    return nbformat.v4.new_output("stream", name="stderr", text="[grader] an output holding the grader's hidden code "
+                                  "or a seed is not returned\n")
 
 
 def _status_line(cell, ran):

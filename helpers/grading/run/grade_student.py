@@ -15,11 +15,13 @@ import time
 import nbformat
 
 from helpers.grading import probes as probe_files
+from helpers.grading import state as run_state
 from helpers.grading.judge.answer_errors import failures
-from helpers.grading.judge.reference import composition_notes, leaked_lines
+from helpers.grading.judge.redact import WITHHELD, Secrets
+from helpers.grading.judge.reference import composition_notes
 from helpers.grading.prepare.assemble import answer_sources, assemble, probe_values
 from helpers.grading.prepare.scope import outside_names
-from helpers.grading.prepare.submissions import SubmissionError, read_notebook
+from helpers.grading.prepare.submissions import SubmissionError, read_bytes, read_notebook
 from helpers.grading.probes.shortcuts import unreadable
 from helpers.grading.report import manual
 from helpers.grading.run.execute import execute
@@ -38,6 +40,11 @@ class Task:
     out: str
     limits: object
     references: dict = None  # {question: the solution's earlier answers its probes call} (reference.py)
+    # A student's own probe seed (state.probe_seed): the run's secret, and the bytes the run started with ({student:
+    # sha256}; None: every student on `seed`); the solution, whose values a student on a seed of their own needs.
+    secret: str = ""
+    first: dict = None
+    solution: object = None
 
 
 def run_one(released, submission, setup, probes, seed, workdir, limits, references=None):
@@ -48,15 +55,28 @@ def run_one(released, submission, setup, probes, seed, workdir, limits, referenc
     return graded, execution, values, missing
 
 
-# A quoted failure that holds a line of the probes' SETUP or of a reference's source (an answer that read the probe
-# cell and raised it) is not shown: that code is the instructor's (reference.leaked_lines).
-GRADER_CODE = "the error message quoted the grader's own code, so it is not shown: raise your own messages"
+class SolutionFailed(RuntimeError):
+    """The solution does not pass its own probes for a seed; the message says which."""
 
 
-def score(probes, expected, values, sources, seed, secrets=()):
+def solution_values(released, solution, setup, probes, seed, limits, references=None):
+    """The solution's probe values for this seed; SolutionFailed unless every probe succeeds on it."""
+    with tempfile.TemporaryDirectory(prefix="grade-solution-") as workdir:
+        os.chmod(workdir, 0o755)
+        _, execution, values, missing = run_one(released, solution, setup, probes, seed, workdir, limits, references)
+    failed = [p.name for p in probes if "value" not in values.get(p.question, {}).get(p.name, {})]
+    if missing or failed:
+        raise SolutionFailed(f"the solution does not pass its own probes ({missing or failed}; status "
+                             f"{execution.status}): fix the probes or the solution before grading")
+    return values
+
+
+def score(probes, expected, values, sources, seed, secrets=None):
     """{question: [mark dict]} for each probe: its name, points, points earned and why.
 
-    secrets: texts no quoted message may hold (the SETUP, the references' sources)."""
+    secrets: what no message may hold (redact.Secrets: the probe cells' text, the SETUP, the references' sources,
+    the seeds); a message the student's code raised on the probe's inputs is shown with its numbers masked."""
+    secrets = secrets or Secrets()
     marks = {}
     for probe in probes:
         got = values.get(probe.question, {}).get(probe.name)
@@ -72,14 +92,15 @@ def score(probes, expected, values, sources, seed, secrets=()):
             mark["message"] = f"the ranks did not finish together: {said.strip()}"
         elif "error" in got:  # the student's own text (an exception's name and message): quoted in the feedback
             mark.update(message=str(got["error"])[:MESSAGE_CHARS], quoted=not got.get("grader"))
-            if mark["quoted"] and leaked_lines(mark["message"], *secrets):
-                mark.update(message=GRADER_CODE, quoted=False)
+            if mark["quoted"]:
+                mark["message"] = secrets.quoted(mark["message"])
+                mark["quoted"] = mark["message"] != WITHHELD
         else:
             ok, mark["message"] = probe.grade(expected[probe.question][probe.name]["value"], got["value"],
                                               answer_source=sources.get(probe.question, ""), seed=seed)
             mark["earned"] = probe.points if ok else 0.0
-        if not mark.get("quoted") and leaked_lines(mark["message"], *secrets):  # a check's line quoting an answer
-            mark["message"] = GRADER_CODE
+        if not mark.get("quoted"):  # a check's line quoting an answer, a value the student returned
+            mark["message"] = secrets.said(mark["message"])
         if got is not None and "own" in got:  # the probes ran again with the student's own earlier answers (info)
             mark["own"] = "value" in got["own"] and probe.grade(
                 expected[probe.question][probe.name]["value"], got["own"]["value"],
@@ -124,25 +145,31 @@ def grade_student(task, student, path):
     start = time.monotonic()
     setup, probes = probe_files.load(task.lab, task.probes_dir)
     try:
+        sha256 = run_state.digest(read_bytes(path))  # which inputs: the run's for the bytes it started with
         submission = read_notebook(path)  # a regular file only, capped; its messages quote nothing of it
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the student's problem
         why = str(exc) if isinstance(exc, SubmissionError) else f"not a readable notebook ({type(exc).__name__})"
         result = refused_result(student, probes, why)
     else:
-        result = _graded(task, student, submission, setup, probes)
+        seed = run_state.probe_seed(task.seed, task.secret, task.first, student, sha256)
+        result = {**_graded(task, student, submission, setup, probes, seed), "sha256": sha256, "probe_seed": seed}
     result["seconds"] = round(time.monotonic() - start, 1)
     write_result(task.out, result)
     return result
 
 
-def _graded(task, student, submission, setup, probes):
+def _graded(task, student, submission, setup, probes, seed):
+    # Bytes the run did not start with: their own inputs, judged against the solution's values for them.
+    expected = task.expected if seed == task.seed else solution_values(
+        task.released, task.solution, setup, probes, seed, task.limits, task.references)
     limits = dataclasses.replace(task.limits, log_path=str(pathlib.Path(task.out) / "logs" / f"{student}.log"))
     with tempfile.TemporaryDirectory(prefix="grade-") as workdir:  # short: unix socket paths live in it
         os.chmod(workdir, 0o755)
-        graded, execution, values, missing = run_one(task.released, submission, setup, probes, task.seed,
+        graded, execution, values, missing = run_one(task.released, submission, setup, probes, seed,
                                                      workdir, limits, task.references)
-    secrets = (setup, *(r["source"] for r in (task.references or {}).values()))
-    marks = score(probes, task.expected, values, answer_sources(graded), task.seed, secrets)
+    code = (setup, *(r["source"] for r in (task.references or {}).values()))
+    secrets = Secrets.of_notebook(graded, seeds=(task.seed, seed), code=code)
+    marks = score(probes, expected, values, answer_sources(graded), seed, secrets)
     composition = composition_notes(marks, task.references or {})
     status = "missing" if len(missing) == len({p.question for p in probes}) else execution.status
     nbformat.write(graded, pathlib.Path(task.out) / "executed" / f"{student}.ipynb")

@@ -76,7 +76,12 @@ def timed(argv, patience=60.0):
             break
     if usage is not None:
         cpu = int(usage.read_text()) / 1e9
-        group.rmdir()
+        for _ in range(50):  # a process still exiting keeps the group busy for a moment
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
         return wall, cpu, "cpuacct cgroup"
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), "RUSAGE_CHILDREN"

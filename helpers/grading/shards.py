@@ -243,6 +243,12 @@ def main(argv=None):
     errors = [r["student"] for r in results if r["status"] == "grader_error"]
     print(f"merged {len(results)} student{'' if len(results) == 1 else 's'} into {options.out}/grades.csv; answers "
           f"alike: {options.out}/similarity.md")
+    lab = json.loads((pathlib.Path(options.out) / "state.json").read_text())["lab"]
+    pending = grading._pending(argparse.Namespace(lab=lab, probes=options.probes, out=options.out), results)
+    if pending:
+        print(f"{pending} of {len(results)} student(s) have parts graded by hand without points: fill the points "
+              f"column of {options.out}/manual.csv (the texts are in {options.out}/manual/), then merge again; their "
+              "LMS grade stays blank until then")
     if errors:
         print(f"grade-merge: {len(errors)} grader_error(s) ({', '.join(errors[:5])}): run their shards again (each "
               "grades them again), then merge again")

@@ -92,6 +92,17 @@ def test_the_merge_equals_the_single_run(runs):
         sorted(p.name for p in (single / "executed").iterdir())
 
 
+def test_merging_again_changes_nothing(runs, capsys):
+    # make grade-merge's command, run again (after a shard re-graded someone, or the points of a part graded by hand)
+    root, out, single, _ = runs
+    feedback = _files(out / "feedback")
+    assert shards.main(["--out", str(out), "--probes", str(root / "probes"), "--solutions", str(root / "solutions"),
+                        "--labs", str(root / "labs")]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"merged 4 students into {out}/grades.csv") and f"wrote {out}/gradebook-canvas.csv" in said
+    assert _rows(out) == _rows(single) and _files(out / "feedback") == feedback
+
+
 def test_each_shard_grades_its_slice_into_its_own_folder(runs):
     _, out, _, _ = runs
     for k, mine in ((1, ["ada", "cy"]), (2, ["bo", "dee"])):

@@ -5,6 +5,7 @@
                                     [--format canvas --assignment 'Lab 03 (12345)']
                                     [--deadline 2026-12-01T23:59+01:00 --late-per-day 0.1 --late-max-days 7
                                      --times times.csv]
+                                    [--init | --shard K/N]   (a class on many machines: shards.py)
 
 Writes OUT/grades.csv, OUT/feedback/<student>.md, OUT/executed/<student>.ipynb, OUT/cells.csv (every cell's
 status and duration), OUT/results/<student>.json (what --resume trusts), OUT/logs/ (kernels' own output,

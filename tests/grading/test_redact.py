@@ -78,3 +78,16 @@ def test_an_output_returned_holds_no_secret():
     back = returned(graded, {"student": "ada", "cells": [{"index": 0, "kind": "answer", "status": "ok"}]})
     text = str(back)
     assert "canary" not in text and "1916947015" not in text and "hello" in text, text
+
+
+def test_outputs_after_a_fill_cell_are_not_returned():
+    # A fill cell (the solution's answer, defined where the student's failed: reference.py) is in the kernel's history
+    # from where it ran: an answer cell after it could print it, before any probe ran.
+    printed = {"output_type": "stream", "name": "stdout", "text": "hello\n"}
+    graded = _notebook(outputs=[printed])
+    fill = nbformat.v4.new_code_cell("_probe_fill({'source': 'def add(a, b): return a + b'})")
+    fill.metadata["dp_course_kind"] = "fill"
+    graded.cells.insert(0, fill)
+    back = returned(graded, {"student": "ada", "cells": [{"index": 1, "kind": "answer", "status": "ok"}]})
+    [answer] = [c for c in back.cells if c.metadata.get("dp_course")]
+    assert "hello" not in str(answer.outputs) and "[grader] this cell ran without error" in str(answer.outputs)

@@ -11,7 +11,7 @@ they displayed. The returned notebook is built from it by allow-list, never by r
 | outputs of a cell above the first probe cell | stream, error and the MIMES below: no hidden test had run yet (one |
 |                                                | holding a piece of a probe cell or a seed anyway: a line of the |
 |                                                | grader's instead, redact.py) |
-| outputs of a cell from the first probe cell on | none: code run after a hidden test can print it (`print(In)`) |
+| outputs of a cell from the first probe (or fill) cell on | none: code run after a hidden test can print it (`In`) |
 | ... of an answer cell there | one line of the grader's: whether it ran, its error's class if a builtin one, and |
 |                               | a syntax error found by compiling the student's source here |
 | cell metadata | `dp_course` (the questions a cell answers) and `tags` |
@@ -84,8 +84,11 @@ def returned(graded, result):
     status = {c["index"]: c for c in result.get("cells", []) if not str(c.get("kind", "")).startswith("replay")}
     secrets = Secrets.of_notebook(graded, seeds=[result["probe_seed"]] if result.get("probe_seed") else [])
     kinds = [cell.metadata.get("dp_course_kind") for cell in graded.cells]
-    first = kinds.index("probe") if "probe" in kinds else len(kinds)
-    question = graded.cells[first].metadata.get("dp_course_question", "?") if first < len(kinds) else None
+    probe = kinds.index("probe") if "probe" in kinds else len(kinds)
+    question = graded.cells[probe].metadata.get("dp_course_question", "?") if probe < len(kinds) else None
+    # From the first cell of the grader's code on (a fill cell holds the solution's answer: reference.py), the kernel
+    # holds what a student may not see: its outputs are not returned.
+    first = min([probe, *(i for i, kind in enumerate(kinds) if kind == "fill")])
     notebook = nbformat.v4.new_notebook(metadata={k: graded.metadata[k] for k in _NOTEBOOK_METADATA
                                                   if k in graded.metadata})
     notebook.cells.append(nbformat.v4.new_markdown_cell(NOTE.format(student=code(result["student"], 100),

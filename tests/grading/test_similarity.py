@@ -2,8 +2,10 @@
 not.
 
 No kernel runs: the fixture lab 97 is built on disk and its submissions only read."""
+import copy
 import csv
 import json
+import pathlib
 import time
 
 import nbformat
@@ -13,6 +15,7 @@ from helpers.grading.report import similarity, similarity_report
 from tests.grading import fixture_lab as lab
 
 pytestmark = pytest.mark.timeout(60)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Honest answers to 97.2, each written its own way.
 HONEST = {
@@ -258,3 +261,22 @@ def test_a_notebook_of_many_cells_costs_a_bounded_time(tmp_path):
     seconds = time.process_time() - start
     assert seconds < 2.0, f"{seconds:.1f} CPU-s"
     assert [a.student for a in found.answers["97.2"]] == ["alice", "many"] and not found.unread
+
+
+def test_an_answer_built_against_the_starter_costs_a_bounded_time(tmp_path):
+    # Issue 29: one answer per question of lab 12, each 50,000 characters of `x` lines (the cap's worth of one
+    # token, `V ;`, the released cells' most common one): finding the starter's runs in it by difflib's alignment
+    # cost each question ~2 CPU-s (count in the starter x answer tokens, recursively); a class of 2 waited for it.
+    released = nbformat.read(next(ROOT.glob("labs/12_*.ipynb")), as_version=4)
+    hostile = copy.deepcopy(released)
+    for cell in hostile.cells:
+        if cell.get("metadata", {}).get("dp_course", {}).get("answers"):
+            cell.source = "x\n" * 25_000
+    paths = {}
+    for student, nb in (("hostile", hostile), ("honest", released)):
+        paths[student] = tmp_path / f"{student}.ipynb"
+        nbformat.write(nb, paths[student])
+    start = time.process_time()
+    similarity_report.write(tmp_path, "12", released, paths)
+    seconds = time.process_time() - start
+    assert seconds < 1.5, f"{seconds:.1f} CPU-s for a class of 2"

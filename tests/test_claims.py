@@ -154,3 +154,43 @@ def test_fast():
     for path in NOTEBOOKS + MARKDOWN:
         problems(notebook_text(path) if path.suffix == ".ipynb" else path.read_text())
     assert time.perf_counter() - start < 5.0
+
+
+# A paper is cited as "Author et al. YEAR, arXiv NNNN.NNNNN" (or with its two or three authors' names). One first
+# author and year is one paper everywhere, unless listed here with every id it may stand for: the two papers of
+# Narayanan et al. 2021 (PipeDream-Flush; Megatron-LM at scale). KNOWN pins the ids of the papers chapter 14 cites
+# (the pipeline, context- and expert-parallel sources) and of the ZeRO paper: changing one is an edit made here.
+CITATION = re.compile(r"\b([A-Z][a-z]+)(?: et al\.|(?:, [A-Z][a-z]+)* and [A-Z][a-z]+)? ((?:19|20)\d\d), "
+                      r"arXiv (\d{4}\.\d{4,5})")
+SEVERAL = {("Narayanan", "2021"): {"2006.09503", "2104.04473"}}
+KNOWN = {("Huang", "2019"): "1811.06965", ("Lepikhin", "2020"): "2006.16668", ("Fedus", "2021"): "2101.03961",
+         ("Liu", "2023"): "2310.01889", ("Qi", "2024"): "2401.10241", ("Rajbhandari", "2020"): "1910.02054"}
+
+
+def citations(paths):
+    """{(first author, year): {arXiv id: [files]}} over the course's text, line breaks read as spaces."""
+    found = {}
+    for path in paths:
+        text = notebook_text(path) if path.suffix == ".ipynb" else path.read_text()
+        for author, year, arxiv in CITATION.findall(re.sub(r"\s+", " ", text)):
+            name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+            found.setdefault((author, year), {}).setdefault(arxiv, []).append(name)
+    return found
+
+
+def test_one_paper_one_arxiv_id():
+    found = citations(NOTEBOOKS + MARKDOWN)
+    for key, arxiv in KNOWN.items():
+        assert key in found, f"{key[0]} {key[1]} is no longer cited as 'arXiv {arxiv}': update KNOWN"
+    for (author, year), ids in found.items():
+        allowed = SEVERAL.get((author, year)) or {KNOWN.get((author, year), next(iter(ids)))}
+        wrong = {i: files for i, files in ids.items() if i not in allowed}
+        assert not wrong, (f"{author} et al. {year} is cited with other arXiv ids than {sorted(allowed)}: {wrong}; "
+                           "fix the id, or list the author's papers of that year in SEVERAL")
+
+
+def test_a_second_id_for_one_paper_is_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("GPipe (Huang et al. 2019, arXiv 1811.06965, section 2) and again (Huang et al.\n2019, "
+                    "arXiv 1811.06966).")
+    assert citations([page]) == {("Huang", "2019"): {"1811.06965": [page.name], "1811.06966": [page.name]}}

@@ -32,9 +32,9 @@ JOBS ?=
 RESUME ?=
 ONLY ?=
 FRESH ?=
-# A class on many machines (helpers/grading/shards.py): make grade-init LAB= SUBMISSIONS= OUT= [options] once, then
-# make grade ... SHARD=k/N for k = 1..N anywhere OUT is shared (scripts/grading/: a SLURM array, a Kubernetes Indexed
-# Job), then make grade-merge OUT= [FORMAT= ...]
+# make grade-init LAB= SUBMISSIONS= OUT= [options] once, then make grade ... SHARD=k/N for k = 1..N wherever OUT is
+#            shared (scripts/grading/: a SLURM array, a Kubernetes Indexed Job), then make grade-merge OUT= [FORMAT=]:
+#            a class on many machines (helpers/grading/shards.py)
 SHARD ?=
 # make grade ... FORMAT=canvas|gradescope|moodle|csv [ASSIGNMENT="Lab 03 (12345)"]: the LMS's import file
 #            [DEADLINE=2026-12-01T23:59+01:00 [LATE_PER_DAY=0.1] [LATE_MAX_DAYS=7] [TIMES=times.csv]]: a late policy
@@ -122,23 +122,22 @@ bench: setup
 bench-grading: setup
 	$(PY) -m tests.bench_grading --lab 03 --students 20
 
-# The late policy's and the LMS file's options, as make grade, grade-init and grade-merge pass them.
-REPORT_ARGS = $(if $(FORMAT),--format '$(FORMAT)') $(if $(ASSIGNMENT),--assignment '$(ASSIGNMENT)') \
-	$(if $(DEADLINE),--deadline '$(DEADLINE)') $(if $(LATE_PER_DAY),--late-per-day '$(LATE_PER_DAY)') \
-	$(if $(LATE_MAX_DAYS),--late-max-days '$(LATE_MAX_DAYS)') $(if $(TIMES),--times '$(TIMES)')
-GRADE_ARGS = --lab '$(LAB)' --submissions '$(SUBMISSIONS)' --out '$(OUT)' \
-	$(if $(PROBES),--probes '$(PROBES)') $(if $(SOLUTIONS),--solutions '$(SOLUTIONS)') $(if $(JOBS),--jobs '$(JOBS)') \
-	$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY)) $(if $(FRESH),--fresh) $(REPORT_ARGS)
-
 grade: setup
 	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" -a -n "$(OUT)" || \
 		{ echo "usage: make grade LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [JOBS=2] [RESUME=1 | ONLY=ids | FRESH=1] [FORMAT=canvas ASSIGNMENT='Lab 03 (12345)'] [DEADLINE=iso LATE_PER_DAY=0.1 LATE_MAX_DAYS=7 TIMES=csv] [SHARD=k/N]"; exit 2; }
-	$(PY) -m helpers.grading.grade $(GRADE_ARGS) $(if $(SHARD),--shard '$(SHARD)')
+	$(PY) -m helpers.grading.grade $(GRADE_MODE) --lab '$(LAB)' --submissions '$(SUBMISSIONS)' --out '$(OUT)' \
+		$(if $(PROBES),--probes '$(PROBES)') $(if $(SOLUTIONS),--solutions '$(SOLUTIONS)') $(if $(JOBS),--jobs '$(JOBS)') \
+		$(if $(RESUME),--resume) $(if $(ONLY),--only $(ONLY)) $(if $(FRESH),--fresh) $(if $(SHARD),--shard '$(SHARD)') \
+		$(REPORT_ARGS)
 
-grade-init: setup
-	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" -a -n "$(OUT)" || \
-		{ echo "usage: make grade-init LAB=03 SUBMISSIONS=dir OUT=dir [PROBES=dir] [SOLUTIONS=dir] [FRESH=1] [FORMAT=... DEADLINE=...], then make grade ... SHARD=k/N for k = 1..N, then make grade-merge OUT=dir"; exit 2; }
-	$(PY) -m helpers.grading.grade --init $(GRADE_ARGS)
+# The LMS file's and the late policy's options: make grade's and make grade-merge's.
+grade-merge grade: REPORT_ARGS = $(if $(FORMAT),--format '$(FORMAT)') $(if $(ASSIGNMENT),--assignment '$(ASSIGNMENT)') \
+	$(if $(DEADLINE),--deadline '$(DEADLINE)') $(if $(LATE_PER_DAY),--late-per-day '$(LATE_PER_DAY)') \
+	$(if $(LATE_MAX_DAYS),--late-max-days '$(LATE_MAX_DAYS)') $(if $(TIMES),--times '$(TIMES)')
+
+# make grade-init: make grade's command with --init (its options, no SHARD): writes OUT/state.json, grades no one.
+grade-init: GRADE_MODE = --init
+grade-init: grade
 
 grade-merge: setup
 	@test -n "$(OUT)" || { echo "usage: make grade-merge OUT=dir [PROBES=dir] [SOLUTIONS=dir] [FORMAT=...]: after make grade-init and every make grade ... SHARD=k/N"; exit 2; }

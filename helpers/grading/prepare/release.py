@@ -85,6 +85,7 @@ RULES = [
     ("tests/test_instructors.py", "checks the answer key, solutions/ANSWERS.md"),
     ("tests/bench_bucketing.py", "times the solution's Reducer (lab 04)"),
     ("tests/bench_grading.py", "times the grader"),
+    ("scripts/grading/*", "run the grader's shards on a cluster (SLURM, Kubernetes)"),
 ]
 # {path: reason}: a test that names a path left out and still runs without it.
 SHIPS_ANYWAY = {"tests/test_install.py": "globs solutions/ with chapters/ and labs/: finds no solution there, runs"}

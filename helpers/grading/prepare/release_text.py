@@ -3,7 +3,8 @@ import re
 
 from helpers.grading.prepare import answer_scan
 
-DROPPED_TARGETS = ("labs", "grade", "bench-grading", "release")  # they need solutions/, the probes or the grader
+DROPPED_TARGETS = ("labs", "grade", "grade-init", "grade-merge", "bench-grading", "release")  # they need solutions/,
+# the probes or the grader
 MANIFEST = "RELEASE_MANIFEST.md"
 SCANNED = (".py", ".ipynb", ".md")
 
@@ -27,9 +28,9 @@ def makefile(text, out):
                              "restore it, or change helpers/grading/prepare/release_text.py's makefile with it")
     kept, skipping, dropped_help = [], False, False
     for line in text.splitlines():
-        target = re.match(r"^([A-Za-z][\w-]*):", line)
+        target = re.match(r"^([A-Za-z][\w-]*(?: [A-Za-z][\w-]*)*):", line)  # a rule, or a variable of its targets
         if target:
-            skipping = target[1] in DROPPED_TARGETS
+            skipping = all(name in DROPPED_TARGETS for name in target[1].split())
         elif skipping and line and not line.startswith("\t"):
             skipping = False
         if target and skipping:

@@ -7,6 +7,7 @@ import torch
 
 from helpers.grading.checks.lab13 import common
 from helpers.grading.checks.lab13.common import (
+    TOL,
     WORLD_SIZE,
     _launch,
     _memoized,
@@ -164,9 +165,10 @@ def identical_on_every_rank(ns):
 
 
 def _same(a, b):
+    """Two residuals equal within float32 rounding (the same terms summed in another order), or both absent."""
     if a is None or b is None:
         return a is None and b is None
-    return a.shape == b.shape and max_diff(a, b) == 0
+    return a.shape == b.shape and max_diff(a, b) <= TOL
 
 
 @public_check("13.1")
@@ -194,6 +196,6 @@ def error_feedback_residual(ns):
 def error_feedback_changes_the_next_step(ns):
     result = _results(ns)[0]
     diff = max_diff(_run(result, "feedback")["params"], result["reference feedback"]["params"])
-    assert diff == 0, (f"with error feedback the parameters after {STEPS} steps differ from the reference's by "
+    assert diff <= TOL, (f"with error feedback the parameters after {STEPS} steps differ from the reference's by "
                        f"{diff:.3g}, though the residuals are right: add state.residuals[bucket.index()] to the "
                        "buffer before the cast, from the second backward on")

@@ -143,6 +143,9 @@ def test_shard_refusals(runs, capsys):
     assert "--init (make grade-init) writes a new run's state" in capsys.readouterr().err
     assert grading.main([*args, "--shard", "1/3"]) == 2
     assert "holds slices of another split (1-of-2, 2-of-2)" in capsys.readouterr().err
+    with pytest.raises(grading.GradingError, match="SHARD=1/2: ONLY=bo nobody: bo is in shard 2/2; nobody has no "
+                                                   "submission"):
+        grading.grade("97", root / "submissions", out, shard=(1, 2), only=["bo", "nobody"], **_options(root))
     with pytest.raises(run_state.StateError, match="holds no run to grade a slice of: run make grade-init LAB=97"):
         grading.grade("97", root / "submissions", root / "nowhere", shard=(1, 2), **_options(root))
 

@@ -71,7 +71,8 @@ def test_first_line_names_the_mistake_and_the_fix(lab, mistake, request):
 
 # --- the hidden tests (issue 28, part 2): the grader's feedback teaches as the public check does ---------------------
 # The labs whose probes run the public checks' rank functions and whose judges diagnose with the checks' own rules.
-HIDDEN_LABS = ("lab01", "lab02", "lab03", "lab04", "lab05", "lab06", "lab07", "lab08", "lab09", "lab10", "lab11", "lab12")
+HIDDEN_LABS = ("lab01", "lab02", "lab03", "lab04", "lab05", "lab06", "lab07", "lab08", "lab09", "lab10", "lab11",
+               "lab12", "lab13")
 HIDDEN = [(lab, m) for lab, m in CASES if lab in HIDDEN_LABS]
 HIDDEN_IDS = [f"{lab} {m.question} {m.name}" for lab, m in HIDDEN]
 SEED = 2026  # the grading run's secret seed, here fixed: each question's own is derived from it

@@ -144,12 +144,14 @@ HOSTILE = {
 }
 
 
-# Everything a probe's call can reach, printed and raised (issue 29): the probe cell's text through the kernel's
-# history, the stack and its frames' locals (the probe's SETUP, nonce and seed), the probe's inputs as the answer's
-# own arguments, and the kernel's command line, environment and files. The 97.1 cell prints what the kernel holds
-# before any hidden test ran; `add` prints what it sees and raises, in pieces of 15 characters (no window of 16 in a
-# row, no line of 24) or whole; the 97.2 cell, after 97.1's hidden tests, raises their cell from the history.
-LEAKS_INPUTS = '''import inspect, os, sys, traceback
+# Everything a probe's call can reach, printed and raised (issue 29). The 97.1 cell prints what the kernel holds before
+# any hidden test ran (its command line, environment, files); `add`, called by 97.1's probes, prints its locals and
+# raises its own arguments: the probe's inputs, the question's seed among them ("adds integers"). Nothing in it is a
+# name the source scan refuses, so its messages are quoted: withheld, or masked. The 97.2 cell reads the probe cell
+# through the kernel's history (`In`) and the stack (its frames' locals: the private setup, nonce, seed), prints it,
+# and raises it in pieces of 15 characters (no window of 16 in a row, no line of 24), from `rank_sum` under 97.2's
+# probe and from the cell itself after 97.1's: the scan refuses those names, so nothing they raise is quoted.
+LEAKS_INPUTS = '''import os, sys, traceback
 import torch
 print(sys.argv, dict(os.environ))
 for path in sys.argv[1:] + [traceback.__file__]:
@@ -159,17 +161,21 @@ for path in sys.argv[1:] + [traceback.__file__]:
         print(exc)
 
 def add(a, b):
-    traceback.print_stack()
     print(locals())
-    frames = inspect.stack()
-    print([f.code_context for f in frames], [sorted(f.frame.f_locals) for f in frames])
-    if a.dtype != torch.float32:  # "adds integers": raise the inputs, seed and all
+    if a.dtype != torch.float32:
         raise ValueError(a, b)
-    seen = In[-1] + " ".join(str(f.frame.f_locals.get(k)) for f in frames for k in ("setup", "nonce", "seed"))
-    raise RuntimeError(" ".join(seen[i:i + 15] for i in range(0, len(seen), 15)))
+    raise RuntimeError(f"inputs {a.tolist()} {b.tolist()}")
 '''
-LEAKS_PROBE_CELL = WRONG_SUM + '''
+LEAKS_PROBE_CELL = '''import inspect, traceback
+
+def rank_sum(world_size):
+    traceback.print_stack()
+    frames = inspect.stack()
+    seen = In[-1] + " ".join(str(f.frame.f_locals.get(k)) for f in frames for k in ("setup", "nonce", "seed"))
+    print([f.code_context for f in frames], seen)
+    raise RuntimeError(" ".join(seen[i:i + 15] for i in range(0, len(seen), 15)))
+
 earlier = [cell for cell in In if cell.startswith("from helpers.grading.run")]
 raise RuntimeError(repr(earlier[-1]) + " ".join(earlier[-1][i:i + 15] for i in range(0, 400, 15)))
 '''
-HOSTILE["leaks_probe_and_inputs"] = (LEAKS_INPUTS, LEAKS_PROBE_CELL, None, 0, 0, "error")  # `In`: refused
+HOSTILE["leaks_probe_and_inputs"] = (LEAKS_INPUTS, LEAKS_PROBE_CELL, None, 0, 0, "error")

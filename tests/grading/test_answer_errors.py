@@ -5,7 +5,7 @@ the fixture class in test_grade_fixture.py checks the same on a real run (its sy
 import nbformat
 
 from helpers.grading.judge.answer_errors import GRADER_CODE, failures
-from helpers.grading.judge.redact import Secrets
+from helpers.grading.judge.redact import REACHES, Secrets
 from helpers.grading.report.feedback import feedback_markdown
 
 SYNTAX = {"output_type": "error", "ename": "SyntaxError", "evalue": "expected ':' (4231927158.py, line 2)",
@@ -65,15 +65,17 @@ def test_a_forged_traceback_names_no_line():
 
 def test_a_message_holding_the_graders_code_is_not_shown():
     # A later answer cell reads a probe cell's source in the kernel's history (In) and raises it: its setup, or
-    # only the probe's nonce or seed.
+    # only the probe's nonce or seed. Read by a route the scan does not name, the message is withheld for what it
+    # holds; read through `In`, for the route, whatever it holds (it may be encoded).
     probe = _cell(PROBE, [], 4, kind="probe")
     for leaked in ("In[4]: " + PROBE[60:200], "nonce 9f3ac0d1e2b4a687", "seed=1357913579", "_secret_setup_value = 1;"):
         error = {"output_type": "error", "ename": "ValueError", "evalue": leaked, "traceback": [_frame(5, 1)]}
-        graded = _notebook(probe, _cell("raise ValueError(In[4])\n", ["3.3"], 5, [error]))
-        [row] = failures(graded, _log((1, "answer", "error")))
-        assert (row["error"], row["quoted"]) == (GRADER_CODE, False), leaked
-        text = _feedback(row)
-        assert GRADER_CODE in text and "9f3ac0d1" not in text and "1357913579" not in text, text
+        for source, said in (("raise ValueError(history[4])\n", GRADER_CODE), ("raise ValueError(In[4])\n", REACHES)):
+            graded = _notebook(probe, _cell(source, ["3.3"], 5, [error]))
+            [row] = failures(graded, _log((1, "answer", "error")))
+            assert (row["error"].removesuffix(" (uses `In`)"), row["quoted"]) == (said, False), leaked
+            text = _feedback(row)
+            assert said in text and "9f3ac0d1" not in text and "1357913579" not in text, text
     assert Secrets(["x = 1; a private line of setup"]).holds_code("a private line of setup")
     assert not Secrets([PROBE]).holds_code("name 'average_gradients' is not defined")
 

@@ -17,7 +17,7 @@ import pytest
 
 from helpers.grading import grade as grading
 from helpers.grading import state as run_state
-from helpers.grading.judge.redact import WITHHELD
+from helpers.grading.judge.redact import REACHES, WITHHELD
 from helpers.grading.prepare import submissions
 from helpers.grading.prepare.assemble import question_seed
 from helpers.grading.report.gradebook import AFTER_RUN
@@ -577,8 +577,10 @@ def test_no_probe_text_or_input_reaches_a_student(graded):
     leaked = {(name, s) for name, text in texts.items() for s in secrets if s in text}
     assert not leaked, sorted(leaked)[:10]
     feedback = (out / "feedback" / "leaks_probe_and_inputs.md").read_text()
-    # Its inputs held the seed: withheld whole (inputs alone are masked: tests/grading/test_redact.py).
-    assert f"adds integers: failed: {WITHHELD}" in feedback and "at line 6: `raise RuntimeError(" in feedback, feedback
+    # Inputs alone are masked, inputs holding the seed withheld; what answers reading `In` raise is not quoted.
+    assert "adds two vectors: failed: `RuntimeError: inputs […, …, …, …] […, …, …, …]`" in feedback, feedback
+    assert f"adds integers: failed: {WITHHELD}" in feedback and "three ranks: failed: uses `" in feedback, feedback
+    assert f"Status: error (your answer cell for 97.2 did not run to its end ({REACHES} (uses `" in feedback, feedback
 
 
 def test_a_replaced_submission_is_graded_on_fresh_inputs(two_students):

@@ -17,7 +17,8 @@ its inputs (masked).
 """
 import re
 
-from helpers.grading.judge.redact import WITHHELD, Secrets
+from helpers.grading.judge.redact import REACHES, WITHHELD, Secrets
+from helpers.grading.probes.shortcuts import as_scanned, refusal
 from helpers.grading.run.probe_runtime import MESSAGE_CHARS
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -36,6 +37,11 @@ def failures(graded, cells, secrets=None):
     secrets = secrets or Secrets.of_notebook(graded)
     kinds = [cell.get("metadata", {}).get("dp_course_kind") for cell in graded.cells]
     first_probe = kinds.index("probe") if "probe" in kinds else len(kinds)
+    ran, scanned = "", {}  # {index: the answer cells' source up to that cell, as the scan reads it}
+    for index, (cell, kind) in enumerate(zip(graded.cells, kinds)):
+        if kind == "answer":
+            ran += as_scanned(cell.source) + "\n"
+            scanned[index] = ran
     rows = []
     for log in cells:
         index, status = log.get("index"), log.get("status")
@@ -45,7 +51,10 @@ def failures(graded, cells, secrets=None):
         row = {"questions": list(cell.get("metadata", {}).get("dp_course", {}).get("answers", [])),
                "status": status, "error": None, "quoted": False, "line": None, "text": None}
         error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-        if error is not None and status == "error":
+        reached = refusal(scanned.get(index, ""), ()) if index > first_probe else ""
+        if error is not None and status == "error" and reached:  # after a hidden test, answers that read In, frames
+            row["error"] = f"{REACHES} ({reached.split(',')[0]})"
+        elif error is not None and status == "error":
             row.update(error=secrets.quoted(_message(error), hidden_inputs=index > first_probe), quoted=True)
             if row["error"] == GRADER_CODE:
                 row["quoted"] = False

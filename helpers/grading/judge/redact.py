@@ -13,12 +13,16 @@ that reaches a file a student reads (OUT/feedback/, OUT/return/) or a reason the
   released lab's, the student's answers): WITHHELD, whole. Case, digits, spaces, quotes, a repr's escapes and
   punctuation are ignored, so a quote cut into pieces or escaped twice still counts;
 - quoted or said, holding a seed or a nonce of the run, even with other characters between its digits, or quoted,
-  holding a long number or hex run of a probe cell: WITHHELD, whole.
+  holding a long number or hex run of a probe cell: WITHHELD, whole;
+- raised on hidden inputs by answers that read the kernel's history, frames or the grader's code (a name the source
+  scan refuses, shortcuts.refusal): not quoted at all, whatever it holds (REACHES; grade_student.score gives the
+  scan's reason), so that no encoding of what they read gets through.
 
 The probe and fill cells carry everything secret: the SETUP, the references' sources, the nonce and the question's
 seed are all written into them (assemble.py), so the graded notebook alone says what to withhold; `seeds` adds the
-run's and the student's. A message that encodes what it read (reversed, in words, in base 26) is not caught: a
-re-grade of other bytes draws other inputs (state.py), so what it leaked is worth nothing to the next submission.
+run's and the student's. An answer can still encode its own arguments (the probe's inputs: in words, in base 26)
+into a message: not caught, but a re-grade of other bytes draws other inputs (state.probe_seed), so what it leaked is
+worth nothing to the next submission.
 """
 import json
 import re
@@ -28,6 +32,8 @@ from helpers.grading.judge.reference import leaked_lines
 WINDOW = 16  # letters in a row shared with a probe cell: withheld
 WITHHELD = ("the message quoted the grader's hidden code or a hidden test's seed, so it is not shown: raise messages "
             "of your own")
+REACHES = ("its message is not shown: your answer cells up to it read the kernel's history, its frames or the "
+           "grader's own code")
 MASK = "…"
 _ESCAPE = re.compile(r"\\+[nrtx'\"]")  # a repr's escapes, once or repr'd again: "\\n" is a line break, not an "n"
 _NOT_LETTER = re.compile(r"[^a-z]+")

@@ -22,7 +22,7 @@ from helpers.grading.judge.reference import composition_notes
 from helpers.grading.prepare.assemble import answer_sources, assemble, probe_values
 from helpers.grading.prepare.scope import outside_names
 from helpers.grading.prepare.submissions import SubmissionError, read_bytes, read_notebook
-from helpers.grading.probes.shortcuts import unreadable
+from helpers.grading.probes.shortcuts import refusal, unreadable
 from helpers.grading.report import manual
 from helpers.grading.run.execute import execute
 from helpers.grading.run.probe_runtime import MESSAGE_CHARS
@@ -92,7 +92,10 @@ def score(probes, expected, values, sources, seed, secrets=None):
             mark["message"] = f"the ranks did not finish together: {said.strip()}"
         elif "error" in got:  # the student's own text (an exception's name and message): quoted in the feedback
             mark.update(message=str(got["error"])[:MESSAGE_CHARS], quoted=not got.get("grader"))
-            if mark["quoted"]:
+            reached = refusal(sources.get(probe.question, ""), ()) if mark["quoted"] else ""
+            if reached:  # it read In, frames, the grader's code: why it scores 0, and nothing it raised
+                mark.update(message=reached, quoted=False)
+            elif mark["quoted"]:
                 mark["message"] = secrets.quoted(mark["message"])
                 mark["quoted"] = mark["message"] != WITHHELD
         else:

@@ -44,5 +44,5 @@ def test_without_its_three_folders_make_grade_says_how_to_call_it():
 def test_the_guides_show_every_option():
     instructors, grading_md = (ROOT / "INSTRUCTORS.md").read_text(), (ROOT / "GRADING.md").read_text()
     for option in ("JOBS=", "FRESH=1", "ASSIGNMENT=", "DEADLINE=", "LATE_PER_DAY=", "LATE_MAX_DAYS=", "TIMES=", "ONLY=",
-                   "RESUME=1", "FORMAT="):
+                   "RESUME=1", "FORMAT=", "SHARD="):
         assert option in instructors and f"`{option}" in grading_md, option

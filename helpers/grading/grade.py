@@ -253,10 +253,11 @@ def grade(lab, submissions_dir, out, *, probes_dir=None, jobs=2, limits=None, la
 
         state, work, todo = shards.begin(out, lab, fingerprint, submissions_dir, shard, {**paths, **refused},
                                          only=only, fresh=fresh, options=options)
+        # It writes no report: the run's options (a TIMES file) need not reach its machine.
     else:
         todo = [] if init else _to_grade(out, {**paths, **refused}, resume, only)
         state = run_state.start(out, lab, fingerprint, submissions_dir, resume=resume, only=bool(only), fresh=fresh)
-    options = options.merged(state.get("options"))  # --resume, --only: the run's own choices where none is given
+        options = options.merged(state.get("options"))  # --resume, --only: the run's own choices where none is given
     options.check(lab)
     limits = limits or default_limits([probes_dir or probe_files.DEFAULT_DIR, solutions_dir or ROOT / "solutions",
                                        submissions_dir, out])

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from helpers.grading.state import StateError, start
+from helpers.grading.state import StateError, digest, probe_seed, start
 
 
 def _run(out, submissions="subs"):
@@ -54,3 +54,21 @@ def test_fresh_deletes_only_a_run_of_the_graders_own_files(tmp_path):
     (tmp_path / "mine" / "todo.txt").write_text("x")
     with pytest.raises(StateError, match=r"is not empty \(todo.txt\) and holds no grading run"):
         start(tmp_path / "mine", "03", "f", tmp_path / "subs")
+
+
+def test_a_replaced_submission_draws_inputs_of_its_own(tmp_path):
+    # The run's seed serves the bytes it started with; other bytes (replaced after their feedback, or added) draw a
+    # seed from the run's secret, the student and the bytes, the same each time (RESUME=1, ONLY=).
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "ada.ipynb").write_bytes(b"first")
+    (subs / "link.ipynb").symlink_to(subs / "ada.ipynb")  # never read
+    state = start(tmp_path / "out", "03", "f", subs)
+    assert state["students"] == {"ada": digest(b"first")} and len(state["secret"]) == 32
+    seed, secret, first = state["seed"], state["secret"], state["students"]
+    assert probe_seed(seed, secret, first, "ada", digest(b"first")) == seed
+    replaced = probe_seed(seed, secret, first, "ada", digest(b"table"))
+    assert replaced != seed and replaced == probe_seed(seed, secret, first, "ada", digest(b"table"))
+    assert probe_seed(seed, secret, first, "bob", digest(b"table")) not in (seed, replaced)
+    assert probe_seed(seed, secret, {}, "ada", digest(b"first")) != seed, "a run that recorded no bytes: their own"
+    assert probe_seed(seed, secret, None, "ada", digest(b"table")) == seed, "no record asked for: the run's"

@@ -1,4 +1,4 @@
-"""Figures drawn from measured data: per-rank timelines, memory bars, curves.
+"""Figures drawn from measured data: per-rank timelines, pipeline schedules, memory bars, curves.
 
 Every function returns a matplotlib Figure and never calls plt.show(): figures are built with
 `matplotlib.figure.Figure`, outside pyplot, so a notebook displays a returned figure exactly once,
@@ -92,6 +92,32 @@ def timeline(spans, *, ax=None, title: str | None = None, unit: str = "ms", figs
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     if title:
         ax.set_title(title)
+    return ax.figure
+
+
+def pipeline(spans, *, ax=None, title: str | None = None, unit: str = "ms", figsize=(10, 2.5)):
+    """A pipeline schedule: one row per rank, one colour per micro-batch ('mb'), forwards ('kind' "F") hatched."""
+    rows = _flatten_spans(spans)
+    if not rows:
+        raise ValueError("pipeline: no spans to draw; each needs rank, kind ('F' or 'B'), mb, start and end")
+    if unit not in _TIME_UNITS:
+        raise ValueError(f"pipeline: unit {unit!r} is not one of {sorted(_TIME_UNITS)}")
+    scale, t0 = _TIME_UNITS[unit], min(s["start"] for s in rows)
+    colours = palette(sorted({s["mb"] for s in rows}))
+    ax = _axes(ax, figsize)
+    for s in rows:
+        forward = s["kind"] == "F"
+        ax.barh(s["rank"], (s["end"] - s["start"]) * scale, left=(s["start"] - t0) * scale, height=0.8,
+                color=colours[s["mb"]], alpha=0.5 if forward else 1.0, hatch="//" if forward else None,
+                edgecolor="white", linewidth=0.5)
+        ax.text(((s["start"] + s["end"]) / 2 - t0) * scale, s["rank"], f"{s['kind']}{s['mb']}",
+                ha="center", va="center", fontsize=7)
+    ranks = sorted({s["rank"] for s in rows})
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylim(max(ranks) + 0.5, min(ranks) - 0.5)  # rank 0 on top
+    ax.set_xlabel(f"time ({unit}) from the first action")
+    if title:
+        ax.set_title(title, fontsize=10)
     return ax.figure
 
 

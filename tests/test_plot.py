@@ -16,6 +16,7 @@ from helpers.plot import (  # noqa: E402
     curves,
     memory_bars,
     palette,
+    pipeline,
     scaling_curve,
     timeline,
 )
@@ -144,3 +145,27 @@ def test_draws_into_a_given_axes():
     ax = fig.add_subplot()
     assert curves({"a": [1, 2]}, ax=ax) is fig
     assert len(ax.get_lines()) == 1
+
+
+def test_pipeline_draws_one_bar_per_action_coloured_by_micro_batch():
+    spans = {0: [{"kind": "F", "mb": 0, "start": T0, "end": T0 + 0.001},
+                 {"kind": "F", "mb": 1, "start": T0 + 0.001, "end": T0 + 0.002},
+                 {"kind": "B", "mb": 0, "start": T0 + 0.004, "end": T0 + 0.006}],
+             1: [{"kind": "F", "mb": 0, "start": T0 + 0.001, "end": T0 + 0.002},
+                 {"kind": "B", "mb": 0, "start": T0 + 0.002, "end": T0 + 0.004}]}
+    fig = pipeline(spans, title="GPipe")
+    rows = _rects_by_row(fig)
+    assert sorted(rows) == [0, 1] and len(rows[0]) == 3 and len(rows[1]) == 2
+    assert rows[0][0][:2] == pytest.approx((0.0, 1.0)) and rows[0][2][:2] == pytest.approx((4.0, 2.0))  # ms from T0
+    colours = palette([0, 1])
+    assert [c for _, _, c in rows[0]] == [colours[0], colours[1], colours[0]]  # micro-batch 0's F and B alike
+    hatched = [bool(patch.get_hatch()) for patch in fig.axes[0].patches]
+    assert hatched == [True, True, False, True, False]  # forwards hatched
+    assert [t.get_text() for t in fig.axes[0].texts] == ["F0", "F1", "B0", "F0", "B0"]
+
+
+def test_pipeline_refuses_no_spans_and_a_bad_unit():
+    with pytest.raises(ValueError, match="no spans"):
+        pipeline([])
+    with pytest.raises(ValueError, match="unit"):
+        pipeline([{"rank": 0, "kind": "F", "mb": 0, "start": 0.0, "end": 1.0}], unit="h")

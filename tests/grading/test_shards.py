@@ -175,8 +175,8 @@ def test_a_mismatched_state_is_refused(runs, tmp_path):
 def test_a_students_slice_depends_on_their_id_alone():
     ids = [f"s{i:04d}" for i in range(1000)]
     assert [shards.slice_of(s, 8) for s in ids] == [shards.slice_of(s, 8) for s in reversed(ids)][::-1]
-    sizes = [sum(shards.slice_of(s, 8) == k for s in ids) for k in range(1, 9)]
-    assert min(sizes) > 90 and max(sizes) < 160, sizes  # 125 each on average
+    sizes = sorted(sum(shards.slice_of(s, 8) == k for s in ids) for k in range(1, 9))
+    assert (sizes[0], sizes[-1]) == (114, 139), sizes  # 125 on average: GRADING.md states the spread
 
 
 NO_SETUP = ("-o", "setup", "-o", ".venv/.installed")

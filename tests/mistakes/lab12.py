@@ -1,5 +1,5 @@
 """Lab 12 (mixed precision): a scaler whose growth counter survives an overflow or grows a step late, a NaN taken for
-finite, a flag never reset; ZeRO-2 shards deciding alone or with the wrong reduction; autocast's copies and the
+finite, a flag never reset; ZeRO-2 ranks deciding alone or with the wrong reduction; autocast's copies and the
 parameters counted as activations, copies counted at fp32's width; and the loop's order (clip before unscale, the
 loss scaled twice, gradients never zeroed, no update)."""
 from helpers.grading.prepare.labgen import ROOT
@@ -59,12 +59,12 @@ class LossScaler:
 def _step(flag):
     """Lab 12.2's zero2_scaled_step with the handling of found_inf replaced."""
     return f'''
-def zero2_scaled_step(params, shard, optimizer, scaler):
-    shard.grad = reduce_scatter_mean(params)
+def zero2_scaled_step(params, optimizer, scaler):
+    reduce_to_owners(params)
     scaler.unscale_(optimizer)
 {flag}
     scaler.step(optimizer)
-    all_gather_into(params, shard)
+    broadcast_from_owners(params)
     scaler.update()
 '''
 
@@ -129,16 +129,12 @@ MISTAKES = [
         '''        if self.found_inf is not None:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update()")
 ''', "")), ("second unscale_()", "raise RuntimeError")),
-    Mistake("12.2", "found_inf not all-reduced: each rank decides on its own shard", _step("    pass"),
-            ("found_inf is only this rank's shard's", "all-reduce it")),
+    Mistake("12.2", "found_inf not all-reduced: each rank decides on its own gradients", _step("    pass"),
+            ("found_inf is only this rank's gradients'", "all-reduce it")),
     Mistake("12.2", "the flag all-reduced with MIN", _step('''
     flag = torch.tensor([1.0 if scaler.found_inf else 0.0], device=rank_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     scaler.found_inf = bool(flag.item())'''), ("no rank skipped", "MAX")),
-    Mistake("12.2", "the gradient shard all-reduced instead of the flag", _step('''
-    dist.all_reduce(shard.grad)
-    scaler.found_inf = scaler.found_inf or not bool(torch.isfinite(shard.grad).all())'''),
-        ("all-reduce only the flag", "never the gradients")),
     Mistake("12.3", "the weight copies counted as activations", _counts(activations="ptr not in params"),
             ("weight copies were counted as activations",)),
     Mistake("12.3", "the parameters counted as activations", _counts(activations="ptr not in casts"),

@@ -18,6 +18,7 @@ from jupyter_client import BlockingKernelClient
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
+from helpers.grading.run.messages import WellFormed
 from helpers.grading.run.probe_runtime import PROBE_MIMETYPE
 from helpers.grading.run.sandbox import (
     FILE_BYTES,
@@ -79,7 +80,7 @@ MAX_OUTPUT_CHARS = 1_000_000
 MAX_PROBE_CHARS = 20_000_000
 
 
-class _CappedClient(NotebookClient):
+class _CappedClient(WellFormed, NotebookClient):
     """A NotebookClient that keeps at most MAX_OUTPUT_CHARS of output per cell, then one line saying so."""
 
     def __init__(self, *args, **kwargs):
@@ -124,18 +125,24 @@ class _Kernel:
         """Execute cell; interrupt it at `seconds`, kill its kernel `grace_seconds` later. Returns its status."""
         self.lost = None
         self.client.used_chars.pop(index, None)
-        watch = _Watch(self, seconds)
+        watch, dropped = _Watch(self, seconds), self.client.dropped
         watch.start()
         try:
             self.client.execute_cell(cell, index)
         except DeadKernelError:
             self.lost = self.lost or "died"
+        except Exception:  # noqa: BLE001 - what the kernel sent made nbclient fail: the student's, not the grader's
+            self.kill("message")
         finally:
             watch.stop()
+        if self.client.dropped > dropped:  # malformed messages (run/messages.py)
+            note = f"[grader] {self.client.dropped - dropped} malformed message(s) from the kernel dropped\n"
+            cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=note))
         if not self.lost and runtime_overfull(self.workdir):  # a cell quicker than the watch's first look
             self.kill("disk")
         if self.lost:
-            return {"timeout": "timeout", "died": "dead_kernel", "tasks": "error", "disk": "error"}[self.lost]
+            return {"timeout": "timeout", "died": "dead_kernel", "tasks": "error", "disk": "error",
+                    "message": "error"}[self.lost]
         status = _errored(cell)
         return "timeout" if status == "timeout" and watch.interrupted else status
 
@@ -271,7 +278,8 @@ def _graded_code(cell):
 _LOST = {"timeout": "it ran past its time limit and ignored the interrupt, so its kernel was killed",
          "disk": "it wrote files in (or changed) the directory of its kernel's sockets, on the grader's disk (write in "
                  "the working directory instead), so its kernel was killed",
-         "died": "its kernel died", "tasks": "it hit the limit on processes and threads (a fork bomb?), so its kernel "
+         "died": "its kernel died", "message": "its kernel sent a message the grader could not read, so its kernel "
+         "was killed", "tasks": "it hit the limit on processes and threads (a fork bomb?), so its kernel "
          "was killed"}
 
 

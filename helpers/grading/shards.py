@@ -100,7 +100,7 @@ def begin(out, lab, fingerprint, submissions_dir, shard, entries, *, only=(), fr
         raise run_state.StateError(f"{where}: OUT={out} holds no run to grade a slice of: run make grade-init LAB="
                                    f"{lab} SUBMISSIONS=... OUT={out} once first (it writes OUT/state.json, which every "
                                    "shard reads)")
-    state = run_state.load_or_start(out, lab, fingerprint, fresh=False)  # another lab, solution or probes: refused
+    state = _init_state(out, lab, fingerprint, where)
     if not state.get("run") or state.get("expected") is None:
         raise run_state.StateError(f"{where}: OUT={out} holds a run that make grade-init did not write (or did not "
                                    "finish): run make grade-init ... FRESH=1, then every shard")
@@ -132,6 +132,19 @@ def begin(out, lab, fingerprint, submissions_dir, shard, entries, *, only=(), fr
     return state, path, todo
 
 
+def _init_state(out, lab, fingerprint, where):
+    """The run init wrote in OUT, refused if this machine's lab, solution or probes are not the ones it graded with."""
+    try:
+        return run_state.load_or_start(out, lab, fingerprint, fresh=False)
+    except run_state.StateError as exc:
+        if "changed since" not in str(exc):
+            raise
+        raise run_state.StateError(f"{where}: the lab, its solution or its probes are not the ones make grade-init "
+                                   "graded with: pass init's PROBES= and SOLUTIONS= on every machine, from the same "
+                                   "commit of the course, or run make grade-init ... FRESH=1 and every shard "
+                                   "again") from None
+
+
 def graded(out, state, shard, path, entries, todo):
     """The shard's results (a Graded list), and the line that says what it did and what comes next."""
     k, n = shard
@@ -158,7 +171,7 @@ def merge(out, *, probes_dir=None, labs_dir=None, solutions_dir=None, options=No
     labs = grading.lab_notebook(labs_dir or grading.ROOT / "labs", lab)
     solution_path = grading.lab_notebook(solutions_dir or grading.ROOT / "solutions", lab)
     probe_file = pathlib.Path(probes_dir or probe_files.DEFAULT_DIR) / f"lab{lab}.py"
-    run_state.load_or_start(out, lab, run_state.fingerprint(labs, solution_path, probe_file), fresh=False)
+    _init_state(out, lab, run_state.fingerprint(labs, solution_path, probe_file), "grade-merge")
     splits = _splits(out)
     if not splits:
         raise run_state.StateError(f"OUT={out} holds no shard yet: run make grade ... OUT={out} SHARD=k/N for k = 1 "

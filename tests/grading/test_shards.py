@@ -163,7 +163,8 @@ def test_a_mismatched_state_is_refused(runs, tmp_path):
     with pytest.raises(run_state.StateError, match="holds results graded with another run's state"):
         grading.grade("97", root / "submissions", moved, shard=(1, 2), **_options(root))
     (moved / "state.json").write_text(json.dumps({**state, "fingerprint": "another lab"}))
-    with pytest.raises(run_state.StateError, match="the lab, its solution or its probes changed since"):
+    with pytest.raises(run_state.StateError, match="the lab, its solution or its probes are not the ones make "
+                                                   "grade-init graded with: pass init's PROBES= and SOLUTIONS="):
         shards.merge(moved, **_options(root))
     other = tmp_path / "elsewhere"
     shutil.copytree(root / "submissions", other)

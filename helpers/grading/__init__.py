@@ -11,7 +11,8 @@
                       probe values), reference (one mistake, one question), answer_errors (the student's own error)
   report/             report (grades.csv, cells.csv), feedback, returns, gradebook (LMS files), spreadsheet (safe
                       CSV), manual (the parts graded by hand), similarity, similarity_report
-  the class run       grade (`make grade`), state (OUT/state.json), progress
+  the class run       grade (`make grade`), state (OUT/state.json), progress, shards (a class on many machines:
+                      `make grade-init`, `make grade SHARD=k/N`, `make grade-merge`)
 """
 import sys
 

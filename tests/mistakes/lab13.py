@@ -49,15 +49,22 @@ def powersgd_hook(state, bucket):
     for q in qs:
         orthogonalize(q)
     ps = [m @ q for m, q in zip(matrices, qs)]
-    all_reduce_views(ps)
-    for p in ps:
-        {orthogonalize_p}
-    state.qs[i] = qs = [m.T @ p for m, p in zip(matrices, ps)]
-    all_reduce_views(qs, {q_world})
-    for m, p, q in zip(matrices, ps, qs):
-        m.copy_(p @ q.T)
-    state.errors[i] = before - buffer
-    return completed(buffer)
+
+    def compute_qs(fut):
+        copy_flat(fut.value(), ps)
+        for p in ps:
+            {orthogonalize_p}
+        state.qs[i] = [m.T @ p for m, p in zip(matrices, ps)]
+        return all_reduce_flat(state.qs[i]).wait()
+
+    def decompress(fut):
+        copy_flat(fut.value(), state.qs[i], {q_world})
+        for m, p, q in zip(matrices, ps, state.qs[i]):
+            m.copy_(p @ q.T)
+        state.errors[i] = before - buffer
+        return buffer
+
+    return all_reduce_flat(ps).then(compute_qs).then(decompress)
 '''
 
 

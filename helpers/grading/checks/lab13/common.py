@@ -94,7 +94,8 @@ def compress_state(dtype, error_feedback):
 
 def reference_compress_hook(state, bucket, mistake=None):
     """The lab's compress_hook; `mistake` switches one part to a usual wrong version (see MISTAKES_13_1)."""
-    buffer, world, i = bucket.buffer(), dist.get_world_size(), bucket.index()
+    i, world = bucket.index(), dist.get_world_size()
+    buffer = bucket.buffer()
     feedback = state.error_feedback and (state.iter >= 1 or mistake == "from the first backward")
     if feedback and i in state.residuals:
         buffer += state.residuals[i]
@@ -159,7 +160,8 @@ def _all_reduce_views(tensors, world=None):
 
 def reference_powersgd_hook(state, bucket, mistake=None):
     """The lab's powersgd_hook; `mistake` switches one part to a usual wrong version (see MISTAKES_13_2)."""
-    buffer, world = bucket.buffer(), dist.get_world_size()
+    world = dist.get_world_size()
+    buffer = bucket.buffer()
     if state.iter < state.start_iter and mistake != "compressed from the first step":
         state.iter += bucket.is_last()
         buffer.div_(world)

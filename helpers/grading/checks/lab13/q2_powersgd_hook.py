@@ -27,7 +27,8 @@ WRONG = {
     "P not orthogonalised": ("P was not orthogonalised after its all-reduce: without it P Qᵀ = P Pᵀ M is scaled by "
                              "|P|², which grows without bound; call orthogonalize(p) on every P before Q = Mᵀ P"),
     "Q not divided": (f"the SUM of the Qs over ranks: divide the all-reduced Qs by the world size ({WORLD_SIZE}) "
-                      "(all_reduce_views(qs, world)); P needs no division: orthogonalize removes its scale"),
+                      "(copy_flat(..., world) in the last callback); P needs no division: orthogonalize removes its "
+                      "scale"),
     "no error feedback": ("error feedback is missing: add state.errors[bucket.index()] to the buffer first, and keep "
                           "what the approximation left out, state.errors[i] = the buffer before - the buffer after"),
     "no warm start": ("new random Qs at every step: draw them only for a bucket that has none yet, and keep "
@@ -85,8 +86,9 @@ def _mine(result):
         if "cannot be multiplied" in error or "must match the size" in error or "shape" in error:
             raise AssertionError(f"{FIRST_STEP} (the hook raised {error.splitlines()[0][:120]})")
         if "Future" in error:
-            raise AssertionError(f"DDP refused what the hook returned ({error.splitlines()[0][:120]}): return a "
-                                 "Future holding the buffer (completed(buffer))")
+            raise AssertionError(f"DDP refused what the hook returned ({error.splitlines()[0][:120]}): return "
+                                 "the Future of all_reduce_flat(Ps), chained with .then, whose last callback returns "
+                                 "the buffer")
         raise AssertionError(f"the hook raised {error.splitlines()[0][:200]}")
     return run
 
@@ -140,4 +142,4 @@ def agrees_with_powerSGD_hook(ns):
         raise AssertionError(WRONG[nearest])
     raise AssertionError(f"after {STEPS} steps the parameters differ from powerSGD_hook's by {diff:.3g} (tolerance "
                          f"{TOL:g}: float32 rounding): orthogonalize the Qs, P = M Q, all-reduce the Ps, orthogonalize "
-                         "them, Q = Mᵀ P, all-reduce the Qs / world, write P Qᵀ into each matrix")
+                         "them, Q = Mᵀ P, all-reduce the Qs, / world, write P Qᵀ into each matrix")

@@ -40,9 +40,9 @@ def reference_local_sgd(model, optimizer, batches, period, mistake=None):
     """The lab's local_sgd; `mistake` switches one part to a usual wrong version (see WRONG)."""
     world = {"no division": 1, "divided by 2": 2}.get(mistake, dist.get_world_size())
     snapshots = []
-    for step, (x, y) in enumerate(batches):
+    for step, (inputs, targets) in enumerate(batches):
         optimizer.zero_grad()
-        F.mse_loss(model(x), y).backward()
+        F.mse_loss(model(inputs), targets).backward()
         average = (step % period == 0) if mistake == "off by one" else ((step + 1) % period == 0)
         if average and mistake == "gradients averaged":
             grads = torch.nn.utils.parameters_to_vector([p.grad for p in model.parameters()])
@@ -79,9 +79,9 @@ def _torch_local_sgd(model, optimizer, batches, period):
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
     averager, snapshots = PeriodicModelAverager(period=period, warmup_steps=period - 1), []
-    for step, (x, y) in enumerate(batches):
+    for step, (inputs, targets) in enumerate(batches):
         optimizer.zero_grad()
-        F.mse_loss(model(x), y).backward()
+        F.mse_loss(model(inputs), targets).backward()
         optimizer.step()
         averager.average_parameters(model.parameters())
         if (step + 1) % period == 0:

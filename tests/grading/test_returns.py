@@ -3,6 +3,7 @@
 The fixture class's own returned notebooks are checked in tests/grading/test_grade_fixture.py (a canary planted in
 its private PROBES= file)."""
 import json
+import time
 
 import nbformat
 import pytest
@@ -111,3 +112,16 @@ def test_write_puts_feedback_beside_and_never_a_stale_notebook(tmp_path):
     returns.write(tmp_path, {**result, "kernels": 0, "cells": []}, "97_fixture-graded.ipynb")  # refused this time
     assert [p.name for p in folder.iterdir()] == ["feedback.md"]
     assert returns.write(tmp_path, {**result, "student": ".."}, "x.ipynb") is None
+
+
+@pytest.mark.parametrize("line", ["a?\n", "x = %pwd\n", "!ls\n", "%time 1\n"])
+def test_a_cell_of_ipython_syntax_costs_a_bounded_time(line):
+    # Issue 29: an answer cell of 3,000 lines of IPython syntax. IPython tokenises the whole cell again for each one
+    # it rewrites, up to 500 times, then raises RuntimeError: the returns step of the whole class (the grader's own
+    # process) took minutes for one such cell (200,000 characters of `a?`: over 300 CPU-s), then ended the run.
+    source = "def add(a, b):\n    return a +\n" + line * 3_000
+    start = time.process_time()
+    said = returns.syntax_error(source)
+    assert time.process_time() - start < 1.0
+    assert said is None or said.startswith("SyntaxError"), said
+    assert returns.syntax_error(line * 5 + "def f(:\n") .startswith("SyntaxError: invalid syntax (line 6: def f(:)")

@@ -38,7 +38,8 @@ _CELL_METADATA = ("dp_course", "tags")
 _NOTEBOOK_METADATA = ("kernelspec", "language_info")
 _BUILTIN_ERRORS = frozenset(n for n, v in vars(builtins).items()
                             if isinstance(v, type) and issubclass(v, BaseException))
-COMPILE_CHARS = 200_000  # a longer cell is not compiled here (a lab's answer cell is under 5,000 characters)
+COMPILE_CHARS = 20_000  # a longer cell is not compiled here (the longest answer of solutions/ is 6,297 characters)
+IPYTHON_LINES = 5  # pieces of IPython syntax rewritten before giving up (an answer cell holds one or two)
 
 NOTE = """**Returned by the grader** for {student}: the lab as it was graded, with your answer cells. Your score and \
 every hidden test's outcome are in `feedback.md`, beside this notebook.
@@ -166,9 +167,33 @@ def _status_line(cell, ran):
 def syntax_error(source):
     """'SyntaxError: ... (line N: the line)' if source, as IPython would run it, does not compile; else None.
 
-    Found here from the student's own source, so it says nothing the kernel printed."""
+    Found here from the student's own source, so it says nothing the kernel printed. IPython tokenises a whole cell
+    again for each piece of its syntax it rewrites (`a?`, `x = %pwd`, `!ls`), up to 500 times, then raises: a cell of
+    3,000 such lines took minutes of the grader's own process, for the whole class (test_returns). Past IPYTHON_LINES
+    rewrites, or COMPILE_CHARS characters, it is not compiled: the status line says the rest."""
     if len(source) > COMPILE_CHARS:
         return None
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    try:
+        manager = TransformerManager()
+        lines = (source if source.endswith("\n") else source + "\n").splitlines(keepends=True)
+        for transform in manager.cleanup_transforms + manager.line_transforms:  # one pass each (transform_cell's)
+            lines = transform(lines)
+        for _ in range(IPYTHON_LINES + 1):
+            changed, lines = manager.do_one_token_transform(lines)
+            if not changed:
+                break
+        else:
+            return None
+        compile("".join(lines), "<cell>", "exec", dont_inherit=True)
+    except SyntaxError as exc:  # IndentationError too
+        lines = source.split("\n")
+        where = lines[exc.lineno - 1].strip() if exc.lineno and exc.lineno <= len(lines) else ""
+        return f"{type(exc).__name__}: {exc.msg} (line {exc.lineno}: {where[:120]})"
+    except Exception:  # noqa: BLE001 - cannot tell (a null byte, thousands of nested brackets, IPython giving up)
+        return None
+    return None
     from IPython.core.inputtransformer2 import TransformerManager
 
     try:

@@ -20,7 +20,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks must not im
 SOLUTION = ROOT / "solutions" / "10_capstone_gpt.ipynb"
 if str(ROOT / "chapters") not in sys.path:
     sys.path.insert(0, str(ROOT / "chapters"))
-QUESTIONS = {"10.1": 3, "10.2": 4, "10.3": 4}
+QUESTIONS = {"10.1": 3, "10.2": 4, "10.3": 4, "10.5": 5}
 
 
 def solution_namespace(override=""):
@@ -35,7 +35,8 @@ def test_every_question_has_its_number_of_checks(question):
 
 def test_todo_reports_not_implemented_without_starting_ranks():
     todo = "".join(f'\ndef {name}():\n    raise NotImplementedError("lab {q}")\n'
-                   for name, q in (("bring_reducer", "10.1"), ("bring_zero2", "10.2"), ("bring_flat_shard", "10.3")))
+                   for name, q in (("bring_reducer", "10.1"), ("bring_zero2", "10.2"), ("bring_flat_shard", "10.3"),
+                                   ("register_hooks_with_prefetch", "10.5")))
     ns = solution_namespace(todo)
     for question, total in QUESTIONS.items():
         result = check(question, ns)

@@ -3,7 +3,8 @@
 10.1 the Reducer: the hook copies the parameter, the bucket's sum is never divided, finish() leaves each rank its
 own gradient, the class not returned. 10.2 ZeRO-2: an all-reduce and a slice (a hidden all-reduce), the sum, the
 full gradients kept, L2 instead of decoupled weight decay. 10.3 FlatShard: the reduce-scatter's sum, reshard()
-that frees nothing, the class not returned.
+that frees nothing, the class not returned. 10.5 the hooks with prefetch: no prefetch, the prefetched unit gathered
+again, the forward order instead of its reverse, no reshard after the reduce-scatter.
 """
 import sys
 
@@ -62,6 +63,22 @@ _MISTAKES = [
             ("bytes in the units' full flat buffers", "resize_(0)")),
     Mistake("10.3", "the pasted code without the return", _edit("q103", "    return FlatShard\n", ""),
             ("bring_flat_shard() returned NoneType", "return FlatShard")),
+
+    Mistake("10.5", "no prefetch: each unit gathered at its own pre-backward, lab 08's hooks",
+            _edit("q105", "prefetch(backward[following])  # in flight", "pass  # in flight"),
+            ("the all-gather of unit 0 (block 0) was issued after unit 1 (block 1)'s backward had finished",
+             "issue it at unit 1 (block 1)'s pre-backward")),
+    Mistake("10.5", "the prefetched unit gathered again at its pre-backward",
+            _edit("q105", "work.wait()                    # its bytes", "work.wait(); unit.unshard()  # its bytes"),
+            ("was all-gathered 2 times in backward", "wait for the prefetch's work")),
+    Mistake("10.5", "the prefetch follows the forward order, not its reverse",
+            _edit("q105", "backward = finished[::-1]", "backward = finished"),
+            ("its pre-backward found no all-gather of this step to wait for",
+             "the reverse of the order in which the forwards finished"), run_fails=True),
+    Mistake("10.5", "the post-backward reduce-scatters but never reshards",
+            _edit("q105", "        unit.reduce_scatter_grads()\n        unit.reshard()\n",
+                  "        unit.reduce_scatter_grads()\n"),
+            ("bytes in the units' full flat buffers", "call unit.reshard()")),
 ]
 
 MISTAKES = _MISTAKES

@@ -7,11 +7,15 @@ solution's run for the same seed in the place of PyTorch's counterpart (the solu
 within the checks' tolerances), so the feedback says what the check says; and it requires the solution's values
 (within what summation order explains), collectives and bytes held (exactly).
 
+10.5 runs the student's hooks on the solution's FlatShard (USES): a broken 10.3 costs 10.3 only. Its judge also reads
+the order in which every rank issued its collectives (the public checks' prefetch rule).
+
 The report's analysis (10.4) is graded by hand: MANUAL below; INSTRUCTORS.md has its rubric.
 """
 from helpers.grading.checks.lab10 import q1_reducer as q1
 from helpers.grading.checks.lab10 import q2_zero2 as q2
 from helpers.grading.checks.lab10 import q3_flat_shard as q3
+from helpers.grading.checks.lab10 import q5_prefetch as q5
 from helpers.grading.probes import Manual, Probe
 
 SETUP = '''
@@ -28,6 +32,17 @@ def _probe_run(question, kind, name, bring, valid, what, n_layer):
                               n_embd=8 + 4 * (_PROBE_SEED % 3), n_layer=n_layer, bucket_cap_mb=2 / 1024)
     data = _probe_lab10._capstone("data").load_corpus()[1]
     runs = _probe_launch(_probe_lab10._train_on_rank, _probe_lab10.WORLD_SIZE, args=(kind, component, data, cfg),
+                         hang_timeout=30)
+    return [{k: v for k, v in run.items() if k not in ("kind", "seconds")} for run in runs]
+
+
+def _probe_prefetch(FlatShard, register):
+    """10.5: the student's hooks on FlatShard units (the solution's 10.3 class in the graded run), a GPT of 2 blocks
+    at secret sizes; every rank's results but its timings, and the order of its collectives in every step."""
+    cfg = _probe_lab10.config(seed=_PROBE_SEED % 1000, steps=2, block_size=6 + _PROBE_SEED % 7,
+                              n_embd=8 + 4 * (_PROBE_SEED % 3), n_layer=2)
+    data = _probe_lab10._capstone("data").load_corpus()[1]
+    runs = _probe_launch(_probe_lab10._train_with_hooks, _probe_lab10.WORLD_SIZE, args=(FlatShard, register, data, cfg),
                          hang_timeout=30)
     return [{k: v for k, v in run.items() if k not in ("kind", "seconds")} for run in runs]
 '''
@@ -87,28 +102,33 @@ def _by_checks(question, module):
 # The library implementation each question's component replaces: using it scores 0 (shortcuts.py).
 _FORBIDDEN = {"10.1": ("DistributedDataParallel",),
               "10.2": ("ZeroRedundancyOptimizer", "DistributedDataParallel"),
-              "10.3": ("fully_shard", "FullyShardedDataParallel")}
+              "10.3": ("fully_shard", "FullyShardedDataParallel"),
+              "10.5": ("fully_shard", "FullyShardedDataParallel")}
 _RUNS = {"10.1": '_probe_run("10.1", "reducer", "bring_reducer", bring_reducer, lambda c: isinstance(c, type), '
                  '"return the class itself: end bring_reducer with `return Reducer`", 1)',
          "10.2": '_probe_run("10.2", "zero2", "bring_zero2", bring_zero2, lambda c: isinstance(c, tuple) and len(c) '
                  '== 2 and all(callable(f) for f in c), "end bring_zero2 with `return reduce_scatter_gradients, '
                  'zero_adamw_step`, the two functions themselves", 1)',
          "10.3": '_probe_run("10.3", "flatshard", "bring_flat_shard", bring_flat_shard, lambda c: isinstance(c, '
-                 'type), "return the class itself: end bring_flat_shard with `return FlatShard`", 2)'}
+                 'type), "return the class itself: end bring_flat_shard with `return FlatShard`", 2)',
+         "10.5": '_probe_prefetch(bring_flat_shard(), register_hooks_with_prefetch)'}
 _WHERE = {"10.1": "3 ranks, a GPT of secret sizes, 2 steps", "10.2": "3 ranks, a GPT of secret sizes, 2 steps",
-          "10.3": "3 ranks, a GPT of 2 blocks and secret sizes, 2 steps"}
-_POINTS = {"10.1": 3, "10.2": 4, "10.3": 4}
-_MODULES = {"10.1": q1, "10.2": q2, "10.3": q3}
+          "10.3": "3 ranks, a GPT of 2 blocks and secret sizes, 2 steps",
+          "10.5": "3 ranks, a GPT of 2 blocks and secret sizes, 2 steps, your hooks on the reference FlatShard"}
+_POINTS = {"10.1": 3, "10.2": 4, "10.3": 4, "10.5": 4}
+_MODULES = {"10.1": q1, "10.2": q2, "10.3": q3, "10.5": q5}
+_WHAT = {"10.5": "identical parameters on every rank, the solution's values, every collective in the order each rank "
+                 "issued it (backward prefetch), their bytes, the bytes held between steps"}
 
-PROBES = [Probe(q, f"{_WHERE[q]}: identical parameters on every rank, the solution's values, the collectives every "
-                   "rank issued in every step and their bytes" + (", the bytes held between steps" if q != "10.1"
-                                                                  else ""),
+PROBES = [Probe(q, f"{_WHERE[q]}: " + _WHAT.get(q, "identical parameters on every rank, the solution's values, the "
+                                                   "collectives every rank issued in every step and their bytes"
+                                                   + (", the bytes held between steps" if q != "10.1" else "")),
                 _RUNS[q], points=_POINTS[q], judge=_by_checks(q, _MODULES[q]), forbidden=_FORBIDDEN[q],
-                hint=_MODULES[q].HINT)
-          for q in ("10.1", "10.2", "10.3")]
+                hint=_MODULES[q].HINT, errors=((q5.FREED_ERROR, q5.FREED),) if q == "10.5" else ())
+          for q in ("10.1", "10.2", "10.3", "10.5")]
 
 MANUAL = [Manual("10.4", "the report's analysis: two paragraphs on your measurements (rubric: INSTRUCTORS.md, lab 10)",
                  points=6, cell="report-analysis")]
 
-# No question's probes call another question's answer (helpers/grading/judge/reference.py).
-USES = {}
+# 10.5's hooks run on the FlatShard of 10.3: graded with the solution's (helpers/grading/judge/reference.py).
+USES = {"10.5": ("10.3",)}

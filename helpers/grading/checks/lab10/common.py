@@ -46,6 +46,55 @@ def _train_on_rank(kind, component, data, cfg):
     return _capstone("yours").train(kind, data, cfg, component)
 
 
+def _train_with_hooks(FlatShard, register, data, cfg):
+    """On every rank: yours.train of FlatShardRun with the student's hooks (10.5), `register(units, modules)` in place
+    of yours.register_hooks. Beside train's results, "order": per step, every collective in the order this rank
+    issued it, as [op, the index of the unit whose buffers it moved (-1: none), "forward" or "backward"]."""
+    from helpers.comm import CommLedger
+
+    yours = _capstone("yours")
+
+    class HooksRun(yours.FlatShardRun):
+        order = []   # per step, [op, unit, phase] per collective
+
+        def __init__(self, gpt, cfg):   # FlatShardRun's, with register(units, modules) for the hooks
+            self.numels = {name: p.numel() for name, p in gpt.named_parameters()}
+            self.order = [[f"h.{i}.{name}" for name, _ in block.named_parameters()] for i, block in enumerate(gpt.h)]
+            self.order.append([n for n in self.numels if not n.startswith("h.")])
+            self.model = gpt
+            yours.tie_head_to_embedding(gpt)
+            self.units = [FlatShard(block) for block in gpt.h] + [FlatShard(gpt)]   # bottom-up, the root last
+            register(self.units, [*gpt.h, gpt])
+            self.optimizer = yours.adamw(gpt.parameters(), cfg)
+
+        def step(self, x, y):
+            events, phase = [], ["forward"]
+            HooksRun.order.append(events)
+            note = lambda record, tensors, args: events.append([record.op, self._unit_of(tensors), phase[0]])  # noqa: E731
+            self.optimizer.zero_grad(set_to_none=True)
+            with CommLedger(check=note, keep_records=False):   # sees each collective before it runs
+                _, loss = self.model(x, y)
+                phase[0] = "backward"
+                loss.backward()
+            self.optimizer.step()
+            return loss.detach()
+
+        def _unit_of(self, tensors):
+            """The unit whose flat_shard, flat or flat.grad a collective reads or writes (their storage), or -1."""
+            def storages(ts):
+                return {t.untyped_storage().data_ptr() for t in ts if t is not None and t.untyped_storage().nbytes()}
+            used = storages(tensors)
+            return next((i for i, unit in enumerate(self.units)
+                         if used & storages([unit.flat_shard, unit.flat, unit.flat.grad])), -1)
+
+    yours.RUNS["flatshard_hooks"] = (HooksRun, "zero3")   # on this rank only: yours.train builds it by its kind
+    try:
+        out = yours.train("flatshard_hooks", data, cfg)
+    finally:
+        del yours.RUNS["flatshard_hooks"]
+    return {**out, "order": HooksRun.order}
+
+
 def brought(ns, name, question, valid, what):
     """The component the student's bring function returns, after a look at its type (in the kernel, no ranks)."""
     from helpers.grading.registry import answer
@@ -66,10 +115,15 @@ def runs(ns, question, kind, name, valid, what, *, hint="", **changes):
         component = brought(ns, name, question, valid, what)
         return launch_on_gloo(_train_on_rank, WORLD_SIZE, (kind, component, data, cfg), HANG_S, hint)
 
+    return _memoized(question, definitions(ns), mine), torch_run(question, kind, cfg, data)
+
+
+def torch_run(question, kind, cfg, data):
+    """PyTorch's counterpart of `kind` at cfg, per rank: one launch per process and sizes (10.5 reads 10.3's)."""
     def theirs():
         counterpart = _capstone("yours").YOURS[kind]
         return launch_on_gloo(_train_on_rank, WORLD_SIZE, (counterpart, None, data, cfg), HANG_S)
-    return _memoized(question, definitions(ns), mine), _memoized(f"{question}/torch", repr(cfg), theirs)
+    return _memoized(f"{question}/torch", repr(cfg), theirs)
 
 
 def identical_parameters_from_different_data(mine, what):

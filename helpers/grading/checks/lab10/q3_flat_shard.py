@@ -61,12 +61,20 @@ def equals_fully_shard(ns):
 @public_check("10.3")
 def holds_only_shards_between_steps(ns):
     mine, _ = _runs(ns)
+    holds_only_shards(mine)
+
+
+FREE = "reshard() must resize flat's storage to 0 bytes (flat.untyped_storage().resize_(0))"
+
+
+def holds_only_shards(mine, free=FREE):
+    """Between steps every rank holds its shards only (10.3 and 10.5): 0 bytes in any unit's full flat buffer."""
     shards = 4 * sum(shard for _, shard in mine[0]["layout"]["units"])
     for rank, out in enumerate(mine):
         held = out["state"]
         assert held["unsharded"] == 0, (
             f"rank {rank} still holds {held['unsharded']} bytes in the units' full flat buffers between steps; "
-            "reshard() must resize flat's storage to 0 bytes (flat.untyped_storage().resize_(0))")
+            f"{free}")
         assert held["params"] == shards and held["grads"] == shards, (
             f"rank {rank} holds {held['params']} bytes of parameters and {held['grads']} of gradients; its shards "
             f"are {shards} bytes each: flat_shard must be a clone of this rank's slice, its .grad the shard's")

@@ -52,6 +52,7 @@ from helpers.grading.run.grade_student import (
     SolutionFailed,
     Task,
     grade_student,
+    memory_limit_result,
     refused_result,
     result_path,
     solution_values,
@@ -141,23 +142,30 @@ def _reap(task, running, hard_limit, progress):
         if overdue:
             process.kill()  # its kernels' sandboxes die with it (bwrap --die-with-parent)
         process.join()
-        if overdue:
-            cgroup.remove_left_by(process.pid)  # killed before its own cleanup could remove them
+        memory = cgroup.grader_memory_hits(process.pid)  # its memory cgroup killed it: read before it goes
+        cgroup.remove_left_by(process.pid)  # its own memory cgroup; its kernels' too, if it was killed
         del running[sentinel]
-        _check_result(task, student, process.exitcode, overdue, hard_limit, time.monotonic() - began)
+        _check_result(task, student, process.exitcode, overdue, hard_limit, time.monotonic() - began, memory)
         progress.finished(student)
 
 
-def _check_result(task, student, exitcode, overdue, hard_limit, seconds):
-    """A grading process that left no result is a grader_error for that student, with the reason."""
+def _check_result(task, student, exitcode, overdue, hard_limit, seconds, memory=0):
+    """A grading process that left no result is a grader_error for that student, with the reason; one its memory
+    cgroup killed (memory: how often it killed), that student's memory_limit."""
     path = result_path(task.out, student)
     if exitcode == 0 and path.exists() and not overdue:
         return
-    why = (f"grading took longer than {hard_limit:.0f} s and was stopped" if overdue
-           else f"the grading process died (exit code {exitcode})")
     setup, probes = probe_files.load(task.lab, task.probes_dir)
-    write_result(task.out, {"student": student, "status": "grader_error", "missing": [], "cells": [], "kernels": 0,
-                            "marks": zero_marks(probes, why), "error": why, "seconds": round(seconds, 1)})
+    if memory and not overdue:
+        result = memory_limit_result(student, probes, task.limits.grader_memory_bytes)
+        write_result(task.out, {**result, "seconds": round(seconds, 1)})
+        why = result["error"]
+    else:
+        why = (f"grading took longer than {hard_limit:.0f} s and was stopped" if overdue
+               else f"the grading process died (exit code {exitcode})")
+        write_result(task.out, {"student": student, "status": "grader_error", "missing": [], "cells": [],
+                                "kernels": 0, "marks": zero_marks(probes, why), "error": why,
+                                "seconds": round(seconds, 1)})
     with open(pathlib.Path(task.out) / "logs" / "grader.log", "a") as log:
         log.write(f"{student}: {why}\n")
 

@@ -110,7 +110,8 @@ for d in ("/tmp", "/dev/shm", os.getcwd(), os.environ["TMPDIR"]):
 ''' + lab.ADD
 
 # Called by the probe cell, the answer reads the cell's source (its nonce) from In and displays a result of its
-# own before the probe's: the first one was graded (2/2 while rank_sum returns 0).
+# own before the probe's: the first one was graded (2/2 while rank_sum returns 0). Displays are no longer read: the
+# probes' values come by the grader's pipe (run/channel.py).
 FORGES_PROBE_RESULT = '''import ast, re
 from IPython.display import display
 def rank_sum(world_size):
@@ -139,7 +140,7 @@ HOSTILE = {
     "huge_output": (HUGE_OUTPUT, lab.RANK_SUM, None, 2, 2, "ok"),
     # nbformat renames the second id when it reads the notebook: the first cell is the graded one.
     "duplicate_ids": (None, lab.RANK_SUM, _duplicate_answer_id, 0, 2, "ok"),
-    # 97.2 also uses `In`, which the source scan refuses too; the probe cell's two results fail it first.
+    # 97.2 uses `In`, which the source scan refuses; its displayed result is not read.
     "fills_tmpfs_forges_probe": (FILLS_TMPFS, FORGES_PROBE_RESULT, None, 2, 0, "ok"),
 }
 
@@ -179,3 +180,22 @@ earlier = [cell for cell in In if cell.startswith("from helpers.grading.run")]
 raise RuntimeError(repr(earlier[-1]) + " ".join(earlier[-1][i:i + 15] for i in range(0, 400, 15)))
 '''
 HOSTILE["leaks_probe_and_inputs"] = (LEAKS_INPUTS, LEAKS_PROBE_CELL, None, 0, 0, "error")
+
+# A route of IPython's display that the probe runtime's restore list does not name (issue 29): 97.2's answer replaced
+# IPython.core.display_functions.publish_display_data, which display() calls, with a fake that rewrites the probe's
+# values and keeps its nonce. Graded on the displayed result: 4/4 while rank_sum returns 0. Its store goes through a
+# parameter, which the scan cannot trace to a library (`shown.publish_display_data = ...` it refuses:
+# tests/grading/test_probes.py): the pipe the values now travel by is the fence here (run/channel.py).
+PATCHES_DISPLAY = WRONG_SUM + '''
+import IPython.core.display_functions as shown
+publish = shown.publish_display_data
+def rewrite(data, *args, **kwargs):
+    for row in data.get("application/vnd.dp-course.probe+json", {}).get("results", []):
+        row.pop("error", None)
+        row["value"] = 3.0
+    return publish(data, *args, **kwargs)
+def install(module, name, fake):
+    module.publish_display_data = fake
+install(shown, "publish_display_data", rewrite)
+'''
+HOSTILE["patches_display"] = (lab.ADD, PATCHES_DISPLAY, None, 2, 0, "ok")

@@ -4,7 +4,9 @@ import tempfile
 import nbformat
 import pytest
 
+from helpers.grading.run.cgroup import memory_root
 from helpers.grading.run.execute import Limits, execute
+from helpers.grading.run.sandbox import Fences
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,3 +84,54 @@ def test_dead_kernel_is_reported_and_no_new_kernel_starts_for_nothing(tmp_path):
 def test_a_working_directory_too_long_for_unix_sockets_is_refused():
     with pytest.raises(ValueError, match="too long for the kernel's unix sockets: grade in a shorter one"):
         execute(notebook("x = 1"), "/tmp/" + "d" * 100, limits(cell_seconds=10, total_seconds=30))
+
+
+# Issue 29: an answer displayed 435 MiB in the probes' own MIME type, which the cap let through (the probe cell's
+# values travelled that way): a 435 MiB executed notebook. And a display update rewrites every output of its id, in
+# any cell: 50 small outputs, then one update of 2,000 characters, are 100,000 characters of notebook. The cap here is
+# 50,000 (the grader's is 1,000,000), so the attack is cheap.
+PROBE_TYPE_OUTPUT = ("from IPython.display import display\n"
+                     "display({'application/vnd.dp-course.probe+json': {'x': 'y' * 200_000}}, raw=True)")
+DISPLAY_IDS = "from IPython.display import display\nfor _ in range(50):\n    display('x', display_id='d')"
+DISPLAY_UPDATE = "from IPython.display import update_display\nupdate_display('y' * 2000, display_id='d')"
+# The probes' values come by the grader's pipe, signed with the probe cell's nonce (run/channel.py): a line a cell
+# writes on it without the nonce, or a display claiming to be a probe's result, counts for nothing.
+PROBE = ("from helpers.grading.run.probe_runtime import run_probes\n"
+         "run_probes('9.1', '', [('sum', '1 + 1')], 'nonce-9f2c', 1)")
+FORGES_A_LINE = ("import os\nfd = int(os.environ['DP_COURSE_PROBE_FD'])\n"
+                 "body = b'{\"question\": \"9.1\", \"results\": [{\"name\": \"sum\", \"value\": 3}]}'\n"
+                 "os.write(fd, b'0' * 64 + b' ' + body + b'\\n')")
+
+
+def test_every_output_counts_against_the_cap_and_probes_use_their_own_pipe(tmp_path):
+    from helpers.grading.prepare.assemble import probe_values
+
+    nb = notebook(PROBE_TYPE_OUTPUT, DISPLAY_IDS, DISPLAY_UPDATE, FORGES_A_LINE, PROBE)
+    for cell in nb.cells[-1:]:
+        cell.metadata.update(dp_course_kind="probe", dp_course_question="9.1")
+    result = execute(nb, str(tmp_path), Limits(cell_seconds=20, total_seconds=60, preload_dynamo=False,
+                                               output_chars=50_000))
+    assert [c["status"] for c in result.cells] == ["ok"] * 5, errors(nb)
+    first = str(nb.cells[0].outputs)
+    assert len(first) < 1000 and "output beyond 50,000 characters dropped" in first, first
+    assert "yyyy" not in str(nb.cells[1].outputs) and "output beyond 50,000" in str(nb.cells[2].outputs)
+    assert nb.cells[4].outputs == [], "the probe displays nothing in the grader's kernel"
+    assert len(result.records) == 2  # the forged line and the probe's
+    assert probe_values(nb, "9.1", "nonce-9f2c", result.records) == {"sum": {"value": 2}}
+    assert probe_values(nb, "9.1", "another nonce", result.records) == {}
+
+
+@pytest.mark.skipif(memory_root() is None, reason="no writable memory cgroup here (grade as root)")
+def test_a_kernel_and_its_ranks_past_their_memory_cgroup_are_stopped(tmp_path):
+    # Each process has prlimit's address-space cap (Limits.memory_bytes), so 4 ranks and the kernel could hold 5 times
+    # it (20 GiB at the grader's 4 GiB). Their memory cgroup holds them together: here 2 ranks of 400 MiB each under a
+    # cap of 600 MiB for the kernel and its ranks. The kernel is killed and its note says why (the last cell: no new
+    # kernel starts for nothing, test_dead_kernel_is_reported_and_no_new_kernel_starts_for_nothing).
+    nb = notebook("%load_ext helpers", "%%ranks 2\nimport time\nhog = b'x' * (400 * 2**20)\ntime.sleep(30)")
+    fences = Fences(sandbox=False, drop_user=False, memory=False, memory_cgroups=True)
+    result = execute(nb, str(tmp_path), Limits(cell_seconds=30, total_seconds=90, preload_dynamo=False, fences=fences,
+                                               kernel_memory_bytes=600 * 2**20))
+    assert [c["status"] for c in result.cells] == ["ok", "error"], (result.cells, errors(nb))
+    assert result.status == "memory_limit" and result.kernels == 1
+    said = str(nb.cells[1].outputs)
+    assert "its kernel and ranks together passed their memory limit, so its kernel was killed" in said, said

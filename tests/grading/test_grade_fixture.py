@@ -22,8 +22,8 @@ from helpers.grading.prepare import submissions
 from helpers.grading.prepare.assemble import question_seed
 from helpers.grading.report.gradebook import AFTER_RUN
 from helpers.grading.report.report import load_results
-from helpers.grading.run.cgroup import PREFIX, pids_root
-from helpers.grading.run.grade_student import Task
+from helpers.grading.run.cgroup import PREFIX, memory_root, pids_root
+from helpers.grading.run.grade_student import MEMORY_LIMIT, Task
 from helpers.grading.run.sandbox import Fences, available_fences
 from tests.grading import fixture_lab as lab
 from tests.grading import hostile
@@ -432,7 +432,7 @@ def test_fresh_deletes_the_earlier_run(graded, monkeypatch, capsys):
 def test_missing_fences_are_named():
     gaps = Fences(sandbox=False, drop_user=False, memory=False, pids=False).missing()
     assert any("bubblewrap" in g for g in gaps) and any("prlimit" in g for g in gaps)
-    assert any("fork bomb" in g for g in gaps)
+    assert any("fork bomb" in g for g in gaps) and any("no memory cgroup" in g for g in gaps)
 
 
 def test_a_helper_outside_the_answer_cells_is_named_in_the_feedback(graded):
@@ -530,6 +530,35 @@ def test_an_overdue_student_is_a_grader_error_and_the_class_goes_on(two_students
     assert _dead_graders_cgroups() <= left_before, "the killed student's kernel cgroup was left behind"
 
 
+# Issue 29: an answer displayed 435 MiB (in the probes' own MIME type, past the output cap); its student's grading
+# process, which receives every message whole before any cap can cut it, grew to 2 GiB with no limit. Here 300 MiB
+# under a limit of 128 MiB more than the grading process holds when it starts.
+MEMORY_HOG = CORRECT_ADD + "from IPython.display import display\ndisplay({'text/plain': 'x' * 300 * 2**20}, raw=True)\n"
+
+
+@pytest.mark.skipif(not FENCES.memory_cgroups, reason="no writable memory cgroup here: test_memory_limit.py tests "
+                    "the fallback (RLIMIT_AS)")
+def test_a_grading_process_past_its_memory_limit_is_that_students_memory_limit(graded):
+    root, out, _, _, _ = graded
+    subs, out4 = root / "hog", root / "out_memory"
+    subs.mkdir()
+    for sub in ("results", "executed", "feedback", "logs"):
+        (out4 / sub).mkdir(parents=True)
+    lab.submission(root, "hog", MEMORY_HOG, CORRECT_SUM)
+    shutil.move(root / "submissions" / "hog.ipynb", subs / "hog.ipynb")
+    state = json.loads((out / "state.json").read_text())
+    released = nbformat.read(root / "labs" / "97_fixture.ipynb", as_version=4)
+    limits = fixture_limits([root / "probes", root / "solutions", subs, out4])
+    limits.cell_seconds, limits.grader_memory_bytes = 60.0, 128 * 2**20  # building 300 MiB took 7 s at load 11
+    task = Task("97", released, str(root / "probes"), state["expected"], state["seed"], str(out4), limits)
+    memory_groups = set(os.listdir(memory_root()))
+    grading.run_class(task, [("hog", str(subs / "hog.ipynb"))], jobs=1, hard_limit=300)
+    [result] = load_results(out4, ["hog"])
+    assert (result["status"], result["error"]) == ("memory_limit", MEMORY_LIMIT.format(128)), result
+    assert f"hog: {MEMORY_LIMIT.format(128)}" in (out4 / "logs" / "grader.log").read_text()
+    assert set(os.listdir(memory_root())) <= memory_groups, "the student's memory cgroups were left behind"
+
+
 @needs_sandbox
 def test_the_sandbox_tmpfs_is_capped_and_a_forged_probe_result_counts_for_nothing(graded):
     _, out, _, _, _ = graded
@@ -539,7 +568,8 @@ def test_the_sandbox_tmpfs_is_capped_and_a_forged_probe_result_counts_for_nothin
     for place in ("/tmp", "/dev/shm", work[1] + "/work", work[1] + "/kernel/tmp"):
         assert f"{place} REFUSED No space left on device" in shown, (place, shown[:2000])
     feedback = (out / "feedback" / "fills_tmpfs_forges_probe.md").read_text()
-    assert "three ranks: failed: the probe cell showed a result that was not the probe's" in feedback, feedback
+    # What it displayed is not read (the probes' values come by the grader's pipe); its `In` is refused.
+    assert "three ranks: failed: uses `In`, which hides what the answer runs" in feedback, feedback
 
 
 def _secrets_of_the_run(out):

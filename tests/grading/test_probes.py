@@ -313,3 +313,28 @@ def test_an_answer_the_parser_cannot_read_scores_zero_with_a_reason(source):
     sub = nbformat.from_dict(lab)
     sub.cells.append(nbformat.v4.new_code_cell(source))
     assert outside_names(lab, sub) == {}
+
+
+@pytest.mark.parametrize("source, what", [
+    # The routes a probe's values took through the kernel (issue 29): display, its publisher, the session's packing.
+    ("import IPython.core.display_functions as shown\nshown.publish_display_data = print\n",
+     "shown.publish_display_data"),
+    ("import json\njson.dumps = lambda *a, **k: '{}'\n", "json.dumps"),
+    ("from jupyter_client.session import Session\nSession.send = print\n", "Session.send"),
+    ("import torch\ntorch.allclose = lambda *a, **k: True\n", "torch.allclose"),
+    ("import torch.distributed as dist\nsetattr(dist, 'all_reduce', print)\n", "setattr(dist, ...)"),
+    ("import torch\nt = torch.ones(1)\ntype(t).tolist = lambda self: [3.0]\n", "type(t).tolist"),
+    ("import torch\nT = torch.Tensor\ndel T.tolist\n", "T.tolist"),
+    ("import json\n(lambda: json)().dumps = print\n", "(lambda: json)().dumps"),
+])
+def test_an_answer_that_replaces_a_library_function_scores_zero(source, what):
+    why = refusal(source, ())
+    assert why.startswith(f"assigns `{what}`, an attribute of a library the probes run after your answers"), why
+
+
+def test_stores_on_the_answers_own_objects_stay_allowed():
+    source = ("import torch\nimport torch.nn as nn\nclass Bucket:\n    def __init__(self):\n        self.grads = []\n"
+              "        super().__setattr__('ready', False)\nmodel = nn.Linear(2, 2)\nmodel.weight = nn.Parameter("
+              "torch.ones(2, 2))\nsetattr(model, 'bias', None)\nimport os\nos.environ['X'] = '1'\n")
+    assert refusal(source, ()) == ""
+    assert refusal("from unittest import mock\n", ()).startswith("uses `unittest.mock`")

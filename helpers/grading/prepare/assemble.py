@@ -2,7 +2,7 @@
 
 Only answer cells (tagged by `make labs` with the questions they answer) come from the submission;
 every other cell comes from the released lab, so editing a check cell changes nothing. After each
-answer cell, a probe cell evaluates that question's hidden tests and displays their values as JSON.
+answer cell, a probe cell evaluates that question's hidden tests and sends their values to the grader (run/channel.py).
 Public check cells are kept but not run: they only report, and they cost time. So are the lab's cells after its
 last answer ("after"): no probe follows them, so they cannot change a mark (lab 10's closing training run: ~3 s).
 """
@@ -14,6 +14,7 @@ import secrets
 import nbformat
 
 from helpers.grading.probes.shortcuts import as_scanned
+from helpers.grading.run.channel import verified
 from helpers.grading.run.probe_runtime import PROBE_MIMETYPE
 
 _DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
@@ -102,16 +103,22 @@ def assemble(released, submission, setup, probes, seed, references=None):
     return graded, nonces, missing
 
 
-FORGED = "the probe cell showed a result that was not the probe's: an answer displayed one of its own, so none counts"
+FORGED = "the probe cell sent a result that was not the probe's: an answer sent one of its own, so none counts"
 
 
-def probe_values(graded, question, nonce):
-    """{probe name: {"value"| "error": ...}} displayed by the probe cell of question, if any; with "own": {"value"|
+def probe_values(graded, question, nonce, records=None):
+    """{probe name: {"value"| "error": ...}} sent by the probe cell of question, if any; with "own": {"value"|
     "error": ...} too where the probes ran again with the student's own earlier answers (reference.py).
 
-    The probe cell displays one result. Code run in that cell (an answer called by a probe, an IPython hook) can
-    read its source, nonce included, and display a result of its own first: then the question gets nothing but
-    FORGED, under the names either result claims."""
+    records: the lines of the probes' pipe (execute.Execution.records: what the grader reads); the probe cell sends
+    one, signed with its nonce (run/channel.py). Code run in that cell (an answer called by a probe) can read its
+    source, nonce included, and send a result of its own: then the question gets nothing but FORGED, under the names
+    either result claims. records None: what the probe cell displayed (a kernel without the pipe: tests/test_labs.py),
+    by the same rule."""
+    if records is not None:
+        shown = [_results(_json(body)) for body in verified(records, nonce)]
+        shown = [(q, nonce, results) for q, _, results in shown if q == question]
+        return _one(shown, question, nonce)
     for cell in graded.cells:
         if cell.metadata.get("dp_course_kind") != "probe" or cell.metadata.get("dp_course_question") != question:
             continue
@@ -119,10 +126,22 @@ def probe_values(graded, question, nonce):
             continue  # another probe cell of the question (tests/test_labs.py runs one per secret seed)
         shown = [_results(o["data"][PROBE_MIMETYPE]) for o in cell.get("outputs", [])
                  if PROBE_MIMETYPE in o.get("data", {})]
-        if len(shown) == 1 and shown[0][:2] == (question, nonce):
-            return shown[0][2]
-        return {name: {"error": FORGED, "grader": True} for _, _, results in shown for name in results}
+        return _one(shown, question, nonce)
     return {}
+
+
+def _one(shown, question, nonce):
+    """The results of the one result shown; FORGED under every name when there are more."""
+    if len(shown) == 1 and shown[0][:2] == (question, nonce):
+        return shown[0][2]
+    return {name: {"error": FORGED, "grader": True} for _, _, results in shown for name in results}
+
+
+def _json(body):
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 def _results(data):

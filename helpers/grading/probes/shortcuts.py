@@ -10,6 +10,9 @@ Two kinds, each scoring 0 on the probes of the question with a message saying wh
                 (a magic hides what it runs), and the grader's own machinery that runs in the kernel
                 (`helpers.grading`, `probe_runtime`, `run_probes`, `_PROBE_SEED`, the probes' `_probe_*` helpers),
                 and the routes to code in a file (`runpy`, `sys.path`, `pickle`, `marshal`, `pkgutil.resolve_name`).
+    PATCHES     every question: an attribute of a library assigned or deleted (`json.dumps = f`, `setattr(dist,
+                ...)`, `type(t).add_ = f`): the probes run after the answers, through the functions it replaced
+                (patches_library; the probes' channel itself no kernel code can rewrite: run/channel.py).
     IMPORTS     every question: a module the grader's Python cannot find (a file the answer wrote at run time and
                 imported: the scan cannot read it), and the grader's own package `helpers.grading` (its public
                 checks wrap the library: lab 03's common module is DistributedSampler).
@@ -52,7 +55,9 @@ HIDING = ("exec", "eval", "compile", "__import__", "importlib", "import_module",
           # the stack's summaries, a frame's code or arguments, a function's code object, the line cache, the history.
           "f_code", "gi_frame", "cr_frame", "ag_frame", "__code__", "co_consts", "co_code", "co_names",
           "getargvalues", "getouterframes", "getinnerframes", "inspect.stack", "inspect.trace", "extract_stack",
-          "format_stack", "walk_stack", "print_stack", "linecache", "history_manager")
+          "format_stack", "walk_stack", "print_stack", "linecache", "history_manager",
+          # Replacing a library's functions for a while, or in memory: what patches_library reads, done by a call.
+          "unittest.mock", "pytest", "_pytest", "ctypes")
 _BARE_ONLY = {"exec", "eval", "compile", "globals", "vars"}
 
 
@@ -242,6 +247,51 @@ def by_computed_name(source):
     return None
 
 
+# Store targets rooted here are a library's too: `type(t).add_ = f` and `object.__setattr__(torch, ...)`.
+_TYPE_ROOTS = {"type", "object"}
+
+
+def _patched(target, roots):
+    """Whether an attribute store or delete on target (the object left of the attribute) may change a library: its
+    root is a library module or object, or a type (`type(t)`, `x.__class__`), or cannot be named
+    (`(lambda: json)().dumps`)."""
+    root = _root(target)
+    chain = target
+    while isinstance(chain, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(chain, ast.Attribute) and chain.attr.startswith("__"):
+            return True
+        chain = chain.func if isinstance(chain, ast.Call) else chain.value
+    return root is None or root in roots
+
+
+def patches_library(source):
+    """The first attribute of a library that the source assigns or deletes (`json.dumps = f`, `del torch.equal`,
+    `setattr(dist, "all_reduce", f)`, `type(t).add_ = f`), as written, or None.
+
+    The probes run in the kernel after the answers: a library function an answer replaced runs in them (IPython's
+    display publisher rewrote a probe's values; torch.allclose = lambda: True). On the student's own objects
+    (`self.buckets = []`, `model.weight = p`, `setattr(model, name, p)`) stores are honest and allowed."""
+    tree = _tree(source)
+    nodes = list(ast.walk(tree)) if tree else []
+    roots = _roots(nodes) | _TYPE_ROOTS
+    for node in nodes:
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and _patched(node.value,
+                                                                                                         roots):
+            return ast.unparse(node)
+        call = isinstance(node, ast.Call) and node.args
+        name = call and (node.func.id if isinstance(node.func, ast.Name) else
+                         node.func.attr if isinstance(node.func, ast.Attribute) else None)
+        if name in ("__setattr__", "__delattr__") and _root(node.func.value) not in roots:
+            target = node.func.value  # bound: `super().__setattr__(name, value)`, `json.__setattr__(...)`
+        elif name in ("setattr", "delattr", "__setattr__", "__delattr__"):
+            target = node.args[0]  # `setattr(dist, ...)`, `object.__setattr__(torch, ...)`
+        else:
+            continue
+        if _patched(target, roots):
+            return ast.unparse(node.func) + f"({ast.unparse(node.args[0])}, ...)"
+    return None
+
+
 def _find_spec(name, path):
     """The grader's spec of a module, searched without the current directory; None if there is none."""
     if path is not None:
@@ -321,6 +371,10 @@ def refusal(source, forbidden):
     if used:
         return (f"uses `{used}`, which hides what the answer runs or reaches into the grader: 0 points "
                 "(call the functions you need directly)")
+    patched = patches_library(source) if source else None
+    if patched:
+        return (f"assigns `{patched}`, an attribute of a library the probes run after your answers: 0 points (change "
+                "your own objects, never a library's)")
     module = unknown_import(source) if source else None
     if module:
         return (f"imports `{module}`, which is not a module of the course or of its Python: 0 points (a module "

@@ -23,6 +23,8 @@ _STATUS = {
     "error": "one of your answer cells raised an error (see below)",
     "timeout": "a cell ran past its time limit and was stopped",
     "dead_kernel": "the kernel died (os._exit, a crash, or too much memory?)",
+    "memory_limit": "your notebook passed the grader's memory limit (its kernel and ranks, or its outputs), and what "
+                    "passed it was stopped",
     "missing": "none of this lab's answer cells were found: did you submit the right notebook?",
     "grader_error": "grading this notebook failed (see below); your instructor has the log",
 }

@@ -18,8 +18,8 @@ from jupyter_client import BlockingKernelClient
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
+from helpers.grading.run.channel import Channel
 from helpers.grading.run.messages import WellFormed
-from helpers.grading.run.probe_runtime import PROBE_MIMETYPE
 from helpers.grading.run.sandbox import (
     FILE_BYTES,
     Fences,
@@ -29,7 +29,7 @@ from helpers.grading.run.sandbox import (
     working_directory,
 )
 
-_ORDER = ["ok", "error", "timeout", "dead_kernel"]
+_ORDER = ["ok", "error", "timeout", "dead_kernel", "memory_limit"]
 
 
 @dataclasses.dataclass
@@ -39,7 +39,12 @@ class Limits:
     cell_seconds: float = 60.0
     total_seconds: float = 300.0
     grace_seconds: float = 5.0  # after the interrupt, before the kernel is killed
-    memory_bytes: int = 4 * 2**30
+    memory_bytes: int = 4 * 2**30  # each process of a kernel (prlimit --as)
+    # The kernel with its ranks and their tmpfs, in a memory cgroup: 4 ranks and the kernel could each hold
+    # memory_bytes (20 GiB); the kernel's cgroup holds them all to this. And the student's grading process (what the
+    # kernel sends it: outputs, the probes' values, the executed notebook): cgroup.py.
+    kernel_memory_bytes: int = 6 * 2**30
+    grader_memory_bytes: int = 2 * 2**30
     file_bytes: int = FILE_BYTES  # any one file a kernel writes, its log included (with memory_bytes, by prlimit)
     max_tasks: int = 512  # processes and threads of one kernel (4 ranks use about 100)
     fences: Fences = Fences(sandbox=False, drop_user=False, memory=False)
@@ -48,15 +53,17 @@ class Limits:
     log_path: str = ""  # where the kernel's own stdout/stderr go ("" = discarded)
     preload_dynamo: bool = True  # the launcher's forkserver imports torch._dynamo (see helpers/launch.py)
     threads: int = 0  # torch's intra-op threads in the kernel (OMP_NUM_THREADS); 0 = torch's default, all cores
+    output_chars: int = 1_000_000  # of each cell's outputs, whatever their type, kept in the executed notebook
 
 
 @dataclasses.dataclass
 class Execution:
     """What happened: overall status, one log row per cell, and how many kernels it took."""
 
-    status: str = "ok"  # ok | error | timeout | dead_kernel
+    status: str = "ok"  # ok | error | timeout | dead_kernel | memory_limit
     cells: list = dataclasses.field(default_factory=list)
     kernels: int = 0
+    records: list = dataclasses.field(default_factory=list)  # the lines the kernels wrote on the probes' pipes
 
 
 def _worst(a, b):
@@ -76,31 +83,45 @@ def _errored(cell):
 
 
 # A cell printing gigabytes would fill the grader's memory and the executed notebook.
-MAX_OUTPUT_CHARS = 1_000_000
-MAX_PROBE_CHARS = 20_000_000
+MAX_OUTPUT_CHARS = Limits.output_chars
 
 
 class _CappedClient(WellFormed, NotebookClient):
-    """A NotebookClient that keeps at most MAX_OUTPUT_CHARS of output per cell, then one line saying so."""
+    """A NotebookClient that keeps at most max_chars of output per cell, of every type, then one line saying so.
 
-    def __init__(self, *args, **kwargs):
+    No output is exempt: the probes' values come by their own pipe (run/channel.py), not as an output (an answer that
+    displayed 435 MiB in the probes' own MIME type, which the cap once let through, made a 435 MiB notebook). A display
+    update counts once for each output it rewrites, in whichever cell: a thousand outputs of one display id, updated
+    with a megabyte, are a gigabyte of notebook."""
+
+    def __init__(self, *args, max_chars=MAX_OUTPUT_CHARS, **kwargs):
         super().__init__(*args, **kwargs)
+        self.max_chars = max_chars
         self.used_chars = {}  # cell index -> characters of output kept
+        self.running = None, None  # (index, cell) of the cell being run: display updates are charged to it
+
+    def _charge(self, cell_index, size, outs):
+        """Whether size more characters fit in the cell's cap (and count them); the first refusal says so."""
+        used = self.used_chars.get(cell_index, 0)
+        if used + size <= self.max_chars:
+            self.used_chars[cell_index] = used + size
+            return True
+        if used <= self.max_chars:
+            self.used_chars[cell_index] = self.max_chars + 1
+            outs.append(nbformat.v4.new_output(
+                "stream", name="stderr", text=f"[grader] output beyond {self.max_chars:,} characters dropped\n"))
+        return False
 
     def output(self, outs, msg, display_id, cell_index):
-        used = self.used_chars.get(cell_index, 0)
-        size = len(str(msg["content"]))
-        # The probe cell's own result (raw batches and parameters) may be large; it has a cap of its own.
-        if PROBE_MIMETYPE in msg["content"].get("data", {}) and size <= MAX_PROBE_CHARS:
+        if self._charge(cell_index, len(str(msg["content"])), outs):
             return super().output(outs, msg, display_id, cell_index)
-        if used + size <= MAX_OUTPUT_CHARS:
-            self.used_chars[cell_index] = used + size
-            return super().output(outs, msg, display_id, cell_index)
-        if used <= MAX_OUTPUT_CHARS:
-            self.used_chars[cell_index] = MAX_OUTPUT_CHARS + 1
-            outs.append(nbformat.v4.new_output(
-                "stream", name="stderr", text=f"[grader] output beyond {MAX_OUTPUT_CHARS:,} characters dropped\n"))
         return None
+
+    def _update_display_id(self, display_id, msg):
+        rewrites = sum(len(indices) for indices in self._display_id_map.get(display_id, {}).values())
+        index, cell = self.running
+        if rewrites and cell is not None and self._charge(index, rewrites * len(str(msg["content"])), cell.outputs):
+            super()._update_display_id(display_id, msg)
 
 
 class _Kernel:
@@ -108,13 +129,19 @@ class _Kernel:
 
     def __init__(self, notebook, workdir, limits):
         self.limits, self.workdir = limits, workdir
-        self.km = make_kernel_manager(workdir, limits)
+        self.channel = Channel()  # the probes' pipe, into the kernel when it starts
+        try:
+            self.km = make_kernel_manager(workdir, limits, self.channel.fd)
+        except Exception:
+            self.channel.lines()
+            raise
         # No nbclient timeout: after its own interrupt it stops watching whether the kernel lives, and waits a
         # whole timeout more. The watch below interrupts and kills; nbclient notices a death within 1 s.
         self.client = _CappedClient(notebook, km=self.km, timeout=None, allow_errors=True, startup_timeout=60,
-                                    shutdown_kernel="immediate",
+                                    shutdown_kernel="immediate", max_chars=limits.output_chars,
                                     resources={"metadata": {"path": working_directory(workdir)}})
-        # why the kernel was lost: "timeout", "died", "tasks" (it hit the task limit) or "disk" (see _Watch)
+        # why the kernel was lost: "timeout", "died", "tasks" (it hit the task limit), "memory" (its memory cgroup's
+        # limit) or "disk" (see _Watch)
         self.lost = None
 
     def kill(self, why="timeout"):
@@ -125,6 +152,7 @@ class _Kernel:
         """Execute cell; interrupt it at `seconds`, kill its kernel `grace_seconds` later. Returns its status."""
         self.lost = None
         self.client.used_chars.pop(index, None)
+        self.client.running = index, cell
         watch, dropped = _Watch(self, seconds), self.client.dropped
         watch.start()
         try:
@@ -140,9 +168,12 @@ class _Kernel:
             cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=note))
         if not self.lost and runtime_overfull(self.workdir):  # a cell quicker than the watch's first look
             self.kill("disk")
+        if self.km.memory is not None and self.km.memory.limit_hits() > watch.memory_hits:
+            self.lost = None  # its cgroup's out-of-memory killer, not the kernel's own death: say why
+            self.kill("memory")
         if self.lost:
             return {"timeout": "timeout", "died": "dead_kernel", "tasks": "error", "disk": "error",
-                    "message": "error"}[self.lost]
+                    "message": "error", "memory": "error"}[self.lost]
         status = _errored(cell)
         return "timeout" if status == "timeout" and watch.interrupted else status
 
@@ -167,16 +198,20 @@ class _Watch(threading.Thread):
     def __init__(self, kernel, seconds):
         super().__init__(daemon=True)
         self.kernel, self.seconds, self.interrupted = kernel, seconds, False
+        self.memory_hits = kernel.km.memory.limit_hits() if kernel.km.memory else 0
         self.done = threading.Event()
 
     def run(self):
-        cgroup = self.kernel.km.cgroup
+        cgroup, memory = self.kernel.km.cgroup, self.kernel.km.memory
         hits, start = cgroup.limit_hits() if cgroup else 0, time.monotonic()
         while not self.done.wait(0.2):
             elapsed = time.monotonic() - start
             # A fork bomb leaves hundreds of kernel copies behind: its kernel is not fit to go on.
             if cgroup and cgroup.limit_hits() > hits:
                 return self.kernel.kill("tasks")
+            # Its memory cgroup killed a process (a rank, or the kernel): what is left is not fit to go on either.
+            if memory and memory.limit_hits() > self.memory_hits:
+                return self.kernel.kill("memory")
             if runtime_overfull(self.kernel.workdir):
                 return self.kernel.kill("disk")
             if elapsed >= self.seconds + self.kernel.limits.grace_seconds:
@@ -206,6 +241,7 @@ def _session(notebook, workdir, limits, result, start, never_replay, deadline, l
     result.kernels += 1
     try:
         with kernel.client.setup_kernel(stdout=log, stderr=subprocess.STDOUT):
+            kernel.channel.started()  # the kernel holds the pipe's write end: the grader's copy goes
             if deadline[0] == math.inf:
                 deadline[0] = time.monotonic() + limits.total_seconds
             # The wall clock kills the kernel whatever the cells do.
@@ -224,9 +260,13 @@ def _session(notebook, workdir, limits, result, start, never_replay, deadline, l
         result.cells.append({"index": -1, "kind": "kernel", "status": "dead_kernel", "seconds": 0.0, "error": str(exc)})
         return None
     finally:
+        if kernel.lost == "memory":  # the cell is an error with the grader's note; the student's status says why
+            result.status = _worst(result.status, "memory_limit")
         kernel.kill()
-        if kernel.km.cgroup is not None:
-            kernel.km.cgroup.remove()
+        result.records += kernel.channel.lines()
+        for group in (kernel.km.cgroup, kernel.km.memory):
+            if group is not None:
+                group.remove()
 
 
 def _replay(kernel, notebook, stop, never_replay, deadline, result):
@@ -280,7 +320,7 @@ _LOST = {"timeout": "it ran past its time limit and ignored the interrupt, so it
                  "the working directory instead), so its kernel was killed",
          "died": "its kernel died", "message": "its kernel sent a message the grader could not read, so its kernel "
          "was killed", "tasks": "it hit the limit on processes and threads (a fork bomb?), so its kernel "
-         "was killed"}
+         "was killed", "memory": "its kernel and ranks together passed their memory limit, so its kernel was killed"}
 
 
 def _note_lost_kernel(cell, lost):

@@ -24,6 +24,7 @@ from helpers.grading.prepare.scope import outside_names
 from helpers.grading.prepare.submissions import SubmissionError, read_bytes, read_notebook
 from helpers.grading.probes.shortcuts import refusal, unreadable
 from helpers.grading.report import manual
+from helpers.grading.run.cgroup import limit_this_process
 from helpers.grading.run.execute import execute
 from helpers.grading.run.probe_runtime import MESSAGE_CHARS
 
@@ -51,7 +52,7 @@ def run_one(released, submission, setup, probes, seed, workdir, limits, referenc
     """Execute one submission; return (executed notebook, Execution, {question: probe values}, missing)."""
     graded, nonces, missing = assemble(released, submission, setup, probes, seed, references)
     execution = execute(graded, workdir, limits)
-    values = {q: probe_values(graded, q, nonce) for q, nonce in nonces.items()}
+    values = {q: probe_values(graded, q, nonce, execution.records) for q, nonce in nonces.items()}
     return graded, execution, values, missing
 
 
@@ -137,15 +138,29 @@ def write_result(out, result):
     os.replace(tmp, path)
 
 
+def memory_limit_result(student, probes, grow_bytes):
+    """The `memory_limit` result of a submission whose grading passed its memory limit: every probe 0."""
+    why = MEMORY_LIMIT.format(grow_bytes // 2**20)
+    return {"student": student, "status": "memory_limit", "missing": [], "cells": [], "kernels": 0,
+            "marks": zero_marks(probes, why), "error": why}
+
+
 def refused_result(student, probes, why):
     """The `error` result of a submission that could not be read: why is said in the feedback, every probe 0."""
     return {"student": student, "status": "error", "missing": [], "cells": [], "kernels": 0,
             "marks": zero_marks(probes, "the notebook could not be read"), "error": why}
 
 
+# A grading process that passed its memory limit (Limits.grader_memory_bytes: an answer that printed or displayed
+# gigabytes, which reach this process as messages before any cap can cut them).
+MEMORY_LIMIT = ("grading this notebook took more than {} MiB of the grader's memory (an output of hundreds of "
+                "megabytes?), so it was stopped: print less")
+
+
 def grade_student(task, student, path):
     """Grade one student and write the result; returns it."""
     start = time.monotonic()
+    limit_this_process(task.limits.grader_memory_bytes, task.limits.fences.memory_cgroups)
     setup, probes = probe_files.load(task.lab, task.probes_dir)
     try:
         sha256 = run_state.digest(read_bytes(path))  # which inputs: the run's for the bytes it started with
@@ -155,7 +170,10 @@ def grade_student(task, student, path):
         result = refused_result(student, probes, why)
     else:
         seed = run_state.probe_seed(task.seed, task.secret, task.first, student, sha256)
-        result = {**_graded(task, student, submission, setup, probes, seed), "sha256": sha256, "probe_seed": seed}
+        try:
+            result = {**_graded(task, student, submission, setup, probes, seed), "sha256": sha256, "probe_seed": seed}
+        except MemoryError:  # RLIMIT_AS, where no memory cgroup holds this process (cgroup.limit_this_process)
+            result = memory_limit_result(student, probes, task.limits.grader_memory_bytes)
     result["seconds"] = round(time.monotonic() - start, 1)
     write_result(task.out, result)
     return result

@@ -1,16 +1,22 @@
-"""Runs inside the graded kernel: evaluate probe expressions, display their raw values as plain JSON.
+"""Runs inside the graded kernel: evaluate probe expressions, send their raw values to the grader as plain JSON.
 
 Nothing here judges: the values go back to the grader, which compares them (helpers/grading/probes). On the
-ranks a probe calls `records(ledger)` to return the collectives it saw as raw rows.
+ranks a probe calls `records(ledger)` to return the collectives it saw as raw rows. In the grader's kernel the values
+go by the grader's pipe, signed with the probe cell's nonce (helpers/grading/run/channel.py); a kernel without one
+(tests/test_labs.py runs the probe cells in a plain notebook) displays them.
 """
 import importlib
 import linecache
+import os
 import sys
 
 from helpers.errors import LaunchError, RankFailed
 from helpers.grading.judge.plain import to_plain
+from helpers.grading.run.channel import FD_VARIABLE, record, send
 
 PROBE_MIMETYPE = "application/vnd.dp-course.probe+json"
+# The grader's pipe, read once: the kernel imports this module before any student cell (sandbox.kernel_env).
+_CHANNEL = int(os.environ[FD_VARIABLE]) if os.environ.get(FD_VARIABLE, "").isdigit() else None
 
 # The functions and classes a probe cell calls in the kernel, as they were when this module was imported: the
 # graded kernel imports it before any student cell runs (sandbox.kernel_env preloads it). run_probes puts them back
@@ -186,7 +192,7 @@ def evaluate(namespace, setup, calls, seed, reference=None, own=True):
 
 
 def run_probes(question, setup, calls, nonce, seed, reference=None):
-    """Evaluate (name, expr) pairs after running setup; display the results.
+    """Evaluate (name, expr) pairs after running setup; send the results to the grader (display them without it).
 
     seed: this question's secret seed, set as `_PROBE_SEED` before setup runs; the probes draw their inputs
     from it, so a submission cannot know them in advance.
@@ -201,4 +207,7 @@ def run_probes(question, setup, calls, nonce, seed, reference=None):
     box = [reference]
     del reference
     shown = evaluate(get_ipython().user_ns, setup, calls, seed, box)
-    display({PROBE_MIMETYPE: {"question": question, "nonce": nonce, **shown}}, raw=True)
+    if _CHANNEL is None:
+        display({PROBE_MIMETYPE: {"question": question, "nonce": nonce, **shown}}, raw=True)
+    else:  # signed with the nonce, which stays out of the line: nothing a student's cell replaced touches it
+        send(_CHANNEL, record(nonce, {"question": question, **shown}))

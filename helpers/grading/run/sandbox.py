@@ -20,6 +20,9 @@ tests/grading/test_grade_fixture.py):
 - `prlimit --fsize`: no file it writes grows past FILE_BYTES, its log on the grader's disk included;
 - `--cap-drop ALL` when the grader is root: the kernel cannot undo those mounts;
 - `prlimit --as`: a memory bomb becomes MemoryError in that kernel, not an out-of-memory kill;
+- a memory cgroup per kernel (cgroup.py): the kernel and its ranks together, past `Limits.kernel_memory_bytes`, meet
+  their own out-of-memory killer, and the grader kills the kernel (each process alone is only under `--as`);
+- the probes' pipe (channel.py): its write end is the one descriptor besides stdio the kernel inherits (`pass_fds`);
 - `setpriv` to nobody (root only, when nobody can run the interpreter: one under /root cannot be);
 - the grader kills the sandbox when a cell overruns its limit (execute.py).
 Not stopped: CPU use within the time limits, reading the public parts
@@ -39,7 +42,8 @@ import sys
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from helpers.grading.run.cgroup import PREFIX, PidsCgroup, pids_root
+from helpers.grading.run.cgroup import PREFIX, MemoryCgroup, PidsCgroup, memory_root, pids_root
+from helpers.grading.run.channel import FD_VARIABLE
 
 NOBODY_UID = NOBODY_GID = 65534
 # System directories a Python needs; on merged-/usr systems /bin, /lib... are symlinks into /usr.
@@ -63,6 +67,7 @@ class Fences:
     drop_user: bool  # the kernel runs as nobody
     memory: bool  # prlimit caps the address space and the size of each file
     pids: bool = False  # a pids cgroup caps the kernel's tasks (fork bombs)
+    memory_cgroups: bool = False  # memory cgroups cap the kernel with its ranks, and the grading process
 
     def missing(self):
         """One-line names of the fences that are not there, with what to do."""
@@ -76,6 +81,9 @@ class Fences:
         if not self.pids:
             gaps.append("no task limit (no writable pids cgroup: grade as root): a fork bomb slows the machine "
                         "until the cell's time limit kills it")
+        if not self.memory_cgroups:
+            gaps.append("no memory cgroup (grade as root): each process of a kernel has its own address-space cap, "
+                        "not the kernel with its ranks together, and the grading process only RLIMIT_AS")
         return gaps
 
 
@@ -96,7 +104,7 @@ def available_fences():
     bwrap_ok = shutil.which("bwrap") is not None and _runs(
         ["bwrap", *_namespace_flags(), *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--", "true"])
     return Fences(sandbox=bwrap_ok, drop_user=bwrap_ok and _can_drop_user(), memory=shutil.which("prlimit") is not None,
-                  pids=pids_root() is not None)
+                  pids=pids_root() is not None, memory_cgroups=memory_root() is not None)
 
 
 def _can_drop_user():
@@ -254,9 +262,12 @@ def runtime_overfull(workdir):
     return ""
 
 
-def kernel_env(workdir, preload_dynamo=True, threads=0):
-    """Environment of the graded kernel: everything writable lives in its own directory."""
+def kernel_env(workdir, preload_dynamo=True, threads=0, channel_fd=None):
+    """Environment of the graded kernel: everything writable lives in its own directory; channel_fd: the write end of
+    the probes' pipe (run/channel.py), passed into the kernel."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
+    if channel_fd is not None:
+        env[FD_VARIABLE] = str(channel_fd)
     env["DP_COURSE_PRELOAD_DYNAMO"] = "1" if preload_dynamo else "0"
     # Imported by the kernel before any student cell (and by its forkserver): probe_runtime keeps the originals of
     # what the probe cells call, and puts them back before each (probe_runtime._ORIGINALS).
@@ -276,7 +287,12 @@ class SandboxKernelManager(AsyncKernelManager):
     the grader's environment but those kernel_env passes on."""
 
     drop_user = False
-    cgroup = None
+    cgroup = None  # the kernel's pids cgroup
+    memory = None  # and its memory cgroup (the same directory on cgroup v2)
+    pass_fds = ()  # the probes' pipe: kept open in the kernel (Popen closes every other descriptor)
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        return await super()._async_launch_kernel(kernel_cmd, **kw, pass_fds=self.pass_fds)
 
     async def _async_pre_start_kernel(self, **kw):
         # jupyter_client adds the kernelspec's env to the grader's own os.environ: a submission could read the
@@ -311,8 +327,8 @@ def prepare_workdir(workdir, drop_user):
         f.write(_HOSTS)
 
 
-def make_kernel_manager(workdir, limits):
-    """A kernel manager for one submission (not started yet)."""
+def make_kernel_manager(workdir, limits, channel_fd=None):
+    """A kernel manager for one submission (not started yet); channel_fd: the probes' pipe, kept open in the kernel."""
     runtime = runtime_dir(workdir)
     # The kernel's ipc sockets live there, and AF_UNIX paths hold at most 107 bytes.
     if len(os.path.join(runtime, "kernel-ipc-99999")) > 100:
@@ -322,12 +338,18 @@ def make_kernel_manager(workdir, limits):
     km = SandboxKernelManager(transport="ipc", ip=os.path.join(runtime, "kernel-ipc"),
                               connection_file=os.path.join(runtime, "kernel.json"))
     km.drop_user = limits.fences.drop_user
+    km.pass_fds = () if channel_fd is None else (channel_fd,)
     argv = kernel_argv(workdir, limits)
+    name = f"{PREFIX}{os.getpid()}-{next(_serial)}"
     if limits.fences.pids:
-        km.cgroup = PidsCgroup(f"{PREFIX}{os.getpid()}-{next(_serial)}", limits.max_tasks)
-        argv = km.cgroup.enter_argv() + argv
+        km.cgroup = PidsCgroup(name, limits.max_tasks)
+    if limits.fences.memory_cgroups and limits.kernel_memory_bytes:
+        km.memory = MemoryCgroup(name, limits.kernel_memory_bytes)
+    groups = [group for group in (km.cgroup, km.memory) if group is not None]
+    if groups:
+        argv = groups[0].enter_argv(*groups[1:]) + argv
     # "message": the kernel interrupts itself. A signal would reach bwrap, outside the kernel's session.
-    env = kernel_env(workdir, limits.preload_dynamo, limits.threads)
+    env = kernel_env(workdir, limits.preload_dynamo, limits.threads, channel_fd)
     km._kernel_spec = KernelSpec(argv=argv, env=env, display_name="graded", language="python",
                                  interrupt_mode="message")
     return km
@@ -344,5 +366,6 @@ def kill_session(km):
             os.killpg(os.getpgid(process.pid), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    if km.cgroup is not None:  # what left the session (setsid daemons) without a sandbox to die with
-        km.cgroup.kill()
+    for group in (km.cgroup, km.memory):  # what left the session (setsid daemons) without a sandbox to die with
+        if group is not None:
+            group.kill()

@@ -16,7 +16,9 @@ import nbformat
 import pytest
 
 from helpers.grading import grade as grading
+from helpers.grading import probes as probe_files
 from helpers.grading.prepare import submissions
+from helpers.grading.report import report, returns, similarity
 from tests.grading import fixture_lab as lab
 
 pytestmark = pytest.mark.timeout(600)
@@ -146,3 +148,47 @@ def test_ids_never_collide():
         assert submissions.name_problem(good) is None, good
     assert pathlib.Path("x").name  # ids are file names of their own: no "/" in any
     assert not any("/" in i or "\\" in i for i in ids)
+
+
+def _results(students, probes):
+    marks = {}
+    for p in probes:
+        marks.setdefault(p.question, []).append({"name": p.name, "points": p.points, "earned": p.points,
+                                                 "message": "ok"})
+    return [{"student": s, "status": "ok", "missing": [], "cells": [], "kernels": 1, "seconds": 1.0, "marks": marks}
+            for s in students]
+
+
+def test_a_step_that_fails_for_one_student_writes_everyone_elses(tmp_path, monkeypatch):
+    # Held back from the attack round: whatever one student's result or notebook makes a report step raise, the others
+    # get their feedback, returned notebook and similarity pairs; the one gets their points and a line saying why.
+    lab.build(tmp_path)
+    probes = probe_files.load("97", tmp_path / "probes")[1]
+    out = tmp_path / "out"
+    for sub in ("feedback", "logs", "executed", "return"):
+        (out / sub).mkdir(parents=True)
+    results = _results(["ann", "bob", "cy"], probes)
+    real = report.feedback_markdown
+
+    def fails_for_bob(result, *args, **kwargs):
+        if result["student"] == "bob":
+            raise KeyError("marks")
+        return real(result, *args, **kwargs)
+
+    monkeypatch.setattr(report, "feedback_markdown", fails_for_bob)
+    report.write_outputs(out, probes, results)
+    assert "Score: 4 / 4" in (out / "feedback" / "ann.md").read_text() and (out / "feedback" / "cy.md").is_file()
+    assert "could not write this feedback (KeyError)" in (out / "feedback" / "bob.md").read_text()
+    assert "bob: the grader could not write this feedback (KeyError)" in (out / "logs" / "grader.log").read_text()
+    (out / "executed" / "bob.ipynb").write_text("{ not a notebook")  # what no grader writes: returns go on
+    returns.write_all(out, results, "97_fixture.ipynb")
+    assert all((out / "return" / s / "feedback.md").is_file() for s in ("ann", "bob", "cy"))
+    assert "bob: the returned notebook could not be written" in (out / "logs" / "grader.log").read_text()
+    released = nbformat.read(tmp_path / "labs" / "97_fixture.ipynb", as_version=4)
+    paths = {s: lab.submission(tmp_path, s, None, lab.GATHER_SUM) for s in ("ann", "bob", "cy")}
+    answer = similarity.student_answer
+    monkeypatch.setattr(similarity, "student_answer", lambda student, *a: answer(student, *a) if student != "bob"
+                        else 1 / 0)
+    found = similarity.read_class(released, paths)
+    assert found.unread == {"bob": "not compared: reading the answers raised ZeroDivisionError"}
+    assert [a.student for a in found.answers["97.2"]] == ["ann", "cy"]

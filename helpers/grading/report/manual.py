@@ -77,7 +77,7 @@ def write_sheet(out, items, results):
             if text:
                 relative = f"manual/{item.question}/{result['student']}.md"
                 (out / relative).parent.mkdir(parents=True, exist_ok=True)
-                (out / relative).write_text(text + "\n", encoding="utf-8")
+                (out / relative).write_text(text + "\n", encoding="utf-8", errors="replace")
             entered = points.get((result["student"], item.question))
             rows.append([result["student"], item.question, "" if entered is None else f"{entered:g}",
                          f"{item.points:g}", len(text.split()) if text else 0, relative])

@@ -12,8 +12,9 @@ import json
 import pathlib
 
 from helpers.grading.judge.redact import Secrets
+from helpers.grading.prepare.submissions import scrub
 from helpers.grading.report import manual
-from helpers.grading.report.feedback import feedback_markdown
+from helpers.grading.report.feedback import code, feedback_markdown
 from helpers.grading.report.gradebook import Total, number, parse_time, write_gradebook
 from helpers.grading.report.spreadsheet import write_csv
 from helpers.grading.run.grade_student import result_path
@@ -28,8 +29,8 @@ def load_results(out, students):
     """The result of every student, in order (a student without one is a grader_error)."""
     results = []
     for student in students:
-        try:
-            results.append(json.loads(result_path(out, student).read_text()))
+        try:  # an earlier grader's result may hold half a surrogate pair, escaped: no file could be written from it
+            results.append(scrub(json.loads(result_path(out, student).read_text())))
         except (OSError, ValueError):
             results.append({"student": student, "status": "grader_error", "marks": {}, "missing": [], "cells": [],
                             "seconds": 0.0, "error": "no result was recorded (grading was interrupted?)"})
@@ -81,15 +82,27 @@ def write_outputs(out, probes, results, items=()):
                         number(r["final"]), r.get("time_note", "")] if late else [])])
     write_csv(out / "grades.csv", rows)
     for r in results:
-        hand = manual.earned(entered, r["student"], items)[0]
-        # Every text from the kernel passes the student's own secrets again (redact.py): its executed probe cells.
-        secrets = Secrets.of_file(out / "executed" / f"{r['student']}.ipynb",
-                                  seeds=[r["probe_seed"]] if r.get("probe_seed") else [])
-        text = feedback_markdown(r, questions, points, [(item, hand[item.question]) for item in items], secrets)
-        (out / "feedback" / f"{r['student']}.md").write_text(text)
+        try:  # one student's feedback never costs the class its reports (issue 29)
+            hand = manual.earned(entered, r["student"], items)[0]
+            # Every text from the kernel passes the student's own secrets again (redact.py): its executed probe cells.
+            secrets = Secrets.of_file(out / "executed" / f"{r['student']}.ipynb",
+                                      seeds=[r["probe_seed"]] if r.get("probe_seed") else [])
+            text = feedback_markdown(r, questions, points, [(item, hand[item.question]) for item in items], secrets)
+        except Exception as exc:  # noqa: BLE001 - said in the feedback and in logs/grader.log
+            text = no_feedback(out, r, exc)
+        (out / "feedback" / f"{r['student']}.md").write_text(text, encoding="utf-8", errors="replace")
     write_csv(out / "cells.csv", [["student", "cell", "kind", "status", "seconds"],
                                   *([r["student"], c["index"], c["kind"], c["status"], c["seconds"]]
                                     for r in results for c in r["cells"])])
+
+
+def no_feedback(out, result, exc):
+    """The feedback of a student whose own could not be written: their points, and why, also in logs/grader.log."""
+    why = f"the grader could not write this feedback ({type(exc).__name__})"
+    with open(pathlib.Path(out) / "logs" / "grader.log", "a", encoding="utf-8", errors="replace") as log:
+        log.write(f"{result.get('student')}: {why}: {exc}\n")
+    return (f"# Feedback for {code(result.get('student'))}\n\nScore: {result.get('final', 0):g} (grades.csv has each "
+            f"question's points). Status: {result.get('status')}.\n\nThe g{why[5:]}: ask your instructor for it.\n")
 
 
 def write_lms(out, results, probes, fmt, *, assignment, items=()):

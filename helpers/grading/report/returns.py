@@ -56,7 +56,16 @@ _RAN = {"ok": "ran without error", "timeout": "ran past its time limit and was s
 def write_all(out, results, name):
     """OUT/return/<student>/ for every result (a dict of results/<student>.json); name: the notebook's file name."""
     for result in results:
-        write(out, result, name)
+        try:  # one student's notebook never costs the class its returns (issue 29)
+            write(out, result, name)
+        except Exception as exc:  # noqa: BLE001 - said in logs/grader.log; the feedback alone goes back
+            with open(pathlib.Path(out) / "logs" / "grader.log", "a", encoding="utf-8", errors="replace") as log:
+                log.write(f"{result['student']}: the returned notebook could not be written ({type(exc).__name__}: "
+                          f"{exc}); return/ holds the feedback alone\n")
+            folder = pathlib.Path(out) / "return" / result["student"]
+            feedback = pathlib.Path(out) / "feedback" / f"{result['student']}.md"
+            if folder.is_dir() and feedback.exists() and not (folder / "feedback.md").exists():
+                shutil.copyfile(feedback, folder / "feedback.md")
 
 
 def write(out, result, name):

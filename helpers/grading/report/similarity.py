@@ -51,7 +51,7 @@ import warnings
 import nbformat
 
 from helpers.grading.prepare.assemble import answer_questions, find_answer
-from helpers.grading.prepare.submissions import SubmissionError, read_bytes, read_notebook
+from helpers.grading.prepare.submissions import SubmissionError, read_bytes, read_notebook, scrub
 
 K = 5               # tokens in a fingerprint: `dist . all_reduce ( V` is one
 WINDOW = 4          # winnowing window: shared runs of K + WINDOW - 1 = 8 tokens are always found
@@ -371,6 +371,20 @@ def _code_cells(data, path):
         return read_notebook(path)
 
 
+def _answers(student, found, sources, vocabulary, result):
+    """{question: Answer} of one student's answers {question: source or None}; notes the missing and the cut."""
+    answers = {}
+    for question, source in found.items():
+        if source is None:
+            result.missing[question].append(student)
+            continue
+        if len(source) > MAX_ANSWER_CHARS:
+            result.cut[student, question] = len(source)
+            source = source[:MAX_ANSWER_CHARS]
+        answers[question] = student_answer(student, question, source, sources[question], vocabulary)
+    return answers
+
+
 def read_class(released, paths, solution=None):
     """ClassAnswers of the submissions {student: path} to the released lab (an nbformat notebook); solution: the
     published solution's notebook (its answers are scored against every student's), if given."""
@@ -386,7 +400,7 @@ def read_class(released, paths, solution=None):
         try:
             data = read_bytes(path)  # a regular file only, capped (submissions.py)
             result.digests[student] = hashlib.sha256(data).hexdigest()
-            submission = _code_cells(data, path)
+            submission = scrub(_code_cells(data, path))
             found = {q: _answer_source(released, submission, q) for q in sources}
         except SubmissionError as exc:  # its message quotes nothing of the file
             result.unread[student] = str(exc)
@@ -394,13 +408,11 @@ def read_class(released, paths, solution=None):
         except Exception as exc:  # an unreadable file is that student's note, never the class's end
             result.unread[student] = f"not a readable notebook ({type(exc).__name__})"
             continue
-        for question, source in found.items():
-            if source is None:
-                result.missing[question].append(student)
-                continue
-            if len(source) > MAX_ANSWER_CHARS:
-                result.cut[student, question] = len(source)
-                source = source[:MAX_ANSWER_CHARS]
-            result.answers[question].append(student_answer(student, question, source, sources[question],
-                                                           vocabulary))
+        try:  # one student's answers never cost the class its report (issue 29)
+            answers = _answers(student, found, sources, vocabulary, result)
+        except Exception as exc:  # noqa: BLE001 - named among those not compared
+            result.unread[student] = f"not compared: reading the answers raised {type(exc).__name__}"
+            continue
+        for question, answer in answers.items():
+            result.answers[question].append(answer)
     return result

@@ -72,7 +72,7 @@ def write(out, lab, released, paths, solution=None):
     text += _summary(questions, found, results, students, copies)
     text += _identical(same) + _solution_copies(questions, found, copies)
     text += _pairs_table(pairs) + _repeat_offenders(pairs) + _shown(pairs[:SHOWN]) + _not_compared(found)
-    (out / "similarity.md").write_text(text)
+    (out / "similarity.md").write_text(text, encoding="utf-8", errors="replace")
     return pairs
 
 

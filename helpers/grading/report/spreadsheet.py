@@ -34,7 +34,7 @@ def original(text):
 
 def write_csv(path, rows, lineterminator="\r\n"):
     """Write rows (the header first) to path, UTF-8, every cell through safe_cell; returns path."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with open(path, "w", newline="", encoding="utf-8", errors="replace") as f:  # half a surrogate pair: "?"
         for row in rows:
             # Formatted with "\r\n" and then given the file's ending: Python 3.11's writer quotes a cell only for
             # the characters of its own line ending, so with "\n" an id holding "\r" split its row in two.

@@ -114,7 +114,7 @@ MISTAKES = [
             ("divided by 2, not by the world size (3)",)),
     Mistake("13.1", "divided after the all-reduce", _hook(cast="buffer.to(state.dtype)",
                                                           copy="buffer.copy_(fut.value()[0].div_(world))"),
-            ("division came after the all-reduce", "before it")),
+            ("rounded differently", "divide the 16-bit copy by the world size, before the all-reduce")),
     Mistake("13.1", "the float32 buffer on the wire", _hook(
         returned="dist.all_reduce(buffer.div_(world), async_op=True).get_future().then(lambda fut: buffer)"),
             ("went over the wire as float32", "all-reduce buffer.to(state.dtype)")),
@@ -127,6 +127,8 @@ MISTAKES = [
     Mistake("13.1", "residual added twice", _hook(
         residual_out="state.residuals[i] = state.residuals.get(i, 0) + buffer - compressed.to(buffer.dtype) * world"),
             ("counted twice", "assign it")),
+    Mistake("13.1", "residual kept but never added", _hook(residual_in="pass"),
+            ("was not added to the buffer before the cast",)),
     Mistake("13.1", "residual without the world size", _hook(
         residual_out="state.residuals[i] = buffer - compressed.to(buffer.dtype)"),
             ("multiply it back", "buffer - world x the 16-bit copy")),

@@ -92,38 +92,6 @@ def compress_state(dtype, error_feedback):
     return types.SimpleNamespace(dtype=dtype, error_feedback=error_feedback, residuals={}, iter=0)
 
 
-def reference_compress_hook(state, bucket, mistake=None):
-    """The lab's compress_hook; `mistake` switches one part to a usual wrong version (see MISTAKES_13_1)."""
-    i, world = bucket.index(), dist.get_world_size()
-    buffer = bucket.buffer()
-    feedback = state.error_feedback and (state.iter >= 1 or mistake == "from the first backward")
-    if feedback and i in state.residuals:
-        buffer += state.residuals[i]
-    divisor = 1 if mistake in ("no division", "divided after") else world
-    compressed = buffer.to(state.dtype).div_(divisor)
-    if feedback and mistake != "residual of the mean":
-        kept = compressed.to(buffer.dtype) * (1 if mistake == "residual without the world size" else divisor)
-        if mistake == "residual never updated":
-            state.residuals.setdefault(i, buffer - kept)
-        elif mistake == "residual added twice":
-            state.residuals[i] = state.residuals.get(i, 0) + (buffer - kept)
-        else:
-            state.residuals[i] = buffer - kept
-    before = buffer.clone() if mistake == "residual of the mean" else None
-    state.iter += bucket.is_last()
-
-    def decompress(fut):
-        result = fut.value()[0]
-        if mistake == "divided after":
-            result = result.div_(world)
-        buffer.copy_(result)
-        if feedback and mistake == "residual of the mean":
-            state.residuals[i] = before - buffer
-        return buffer
-
-    return dist.all_reduce(compressed, async_op=True).get_future().then(decompress)
-
-
 # --- 13.2: PowerSGD ------------------------------------------------------------------------------------------------
 
 PSGD_RANK, PSGD_START, MIN_COMPRESSION_RATE = 2, 2, 2

@@ -62,3 +62,30 @@ def test_a_kernel_that_floods_the_pipe_is_read_and_dropped():
     with pytest.raises(BrokenPipeError):  # the kernel's write when the grader is gone: the probe cell fails
         channel.send(write, b"x\n")
     os.close(write)
+
+
+def test_a_writer_that_outlives_its_kernel_cannot_hold_the_grader():
+    # A daemon that escaped the kernel (no sandbox to kill it) and writes without pause: the grader drains the pipe
+    # for DRAIN_SECONDS, then stops reading.
+    import threading
+    import time
+
+    pipe = channel.Channel()
+    stop = threading.Event()
+
+    def spam(fd):
+        try:
+            while not stop.is_set():
+                os.write(fd, b"y" * 4096)
+        except OSError:  # the grader closed its end
+            pass
+
+    writer = os.dup(pipe.fd)
+    thread = threading.Thread(target=spam, args=(writer,), daemon=True)
+    thread.start()
+    begun = time.monotonic()
+    pipe.lines()
+    assert time.monotonic() - begun < channel.DRAIN_SECONDS + 2
+    stop.set()
+    thread.join(5)
+    os.close(writer)

@@ -22,12 +22,16 @@ import hmac
 import os
 import select
 import threading
+import time
 
 FD_VARIABLE = "DP_COURSE_PROBE_FD"
 # One probe cell's values (raw batches and parameters) may be large: a line longer than this is dropped, and so is
 # what a kernel writes past CHANNEL_BYTES (a student's code writing garbage on the pipe).
 MAX_RECORD_BYTES = 20_000_000
 CHANNEL_BYTES = 64 * 2**20
+# Once the kernel is gone, what is left in the pipe is read for at most this long: a process that escaped the kernel's
+# end (a daemon, where no sandbox kills it) and writes without pause cannot hold the grader.
+DRAIN_SECONDS = 1.0
 
 # Captured at import, in the kernel before any student cell: C functions, which no assignment can change.
 _write = os.write
@@ -77,7 +81,7 @@ class Channel:
         self._read, self.fd = os.pipe()
         self.max_bytes, self.dropped = max_bytes, 0
         self._chunks, self._kept = [], 0
-        self._done = threading.Event()
+        self._done, self._until = threading.Event(), None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -92,9 +96,9 @@ class Channel:
         # max_bytes is still read (it would block otherwise), and what it wrote is dropped.
         while True:
             ready, _, _ = select.select([self._read], [], [], 0.2)
+            if self._done.is_set() and (not ready or time.monotonic() > self._until):
+                return
             if not ready:
-                if self._done.is_set():
-                    return
                 continue
             chunk = os.read(self._read, 2**20)
             if not chunk:
@@ -108,6 +112,7 @@ class Channel:
     def lines(self):
         """Stop reading (the kernel is dead); every complete line it wrote, each at most MAX_RECORD_BYTES."""
         self.started()
+        self._until = time.monotonic() + DRAIN_SECONDS
         self._done.set()
         self._thread.join()
         os.close(self._read)

@@ -24,39 +24,11 @@ from helpers.grading.registry import answer, public_check
 from helpers.grading.shared_run import definitions, part_or_error
 
 STEPS, PERIOD = 12, 4  # three averages, after steps 4, 8 and 12
-WRONG = {  # the usual wrong versions, run on the same ranks and batches; a wrong answer is named by the one it equals
-    "gradients averaged": ("the GRADIENTS were averaged at the averaging steps, not the parameters: the ranks "
-                           "drifted apart during the local steps and stay apart; all-reduce the parameters "
-                           "themselves, divide by the world size, copy them back"),
-    "no division": f"the SUM of the parameters over ranks: divide by the world size ({WORLD_SIZE})",
-    "divided by 2": f"the sum was divided by 2, not by the world size ({WORLD_SIZE}): divide by dist.get_world_size()",
-    "off by one": (f"the averages came after steps 1, {PERIOD + 1}, {2 * PERIOD + 1}: average after steps {PERIOD}, "
-                   f"{2 * PERIOD}, ...: when (step + 1) % period == 0 (steps counted from 0)"),
-}
+GRADIENTS = ("the GRADIENTS were averaged (or the mean was not copied back into the model): all-reduce the parameters "
+             "themselves, divide by the world size, copy them back")
+OFF_BY_ONE = (f"the averages came after steps 1, {PERIOD + 1}, {2 * PERIOD + 1}: average after steps {PERIOD}, "
+              f"{2 * PERIOD}, ...: when (step + 1) % period == 0 (steps counted from 0)")
 HINT = "Every rank must average at the same steps: one all-reduce of its parameters every `period` steps. "
-
-
-def reference_local_sgd(model, optimizer, batches, period, mistake=None):
-    """The lab's local_sgd; `mistake` switches one part to a usual wrong version (see WRONG)."""
-    world = {"no division": 1, "divided by 2": 2}.get(mistake, dist.get_world_size())
-    snapshots = []
-    for step, (inputs, targets) in enumerate(batches):
-        optimizer.zero_grad()
-        F.mse_loss(model(inputs), targets).backward()
-        average = (step % period == 0) if mistake == "off by one" else ((step + 1) % period == 0)
-        if average and mistake == "gradients averaged":
-            grads = torch.nn.utils.parameters_to_vector([p.grad for p in model.parameters()])
-            dist.all_reduce(grads)
-            torch.nn.utils.vector_to_parameters(grads / world, [p.grad for p in model.parameters()])
-        optimizer.step()
-        if average:
-            if mistake != "gradients averaged":
-                with torch.no_grad():
-                    params = torch.nn.utils.parameters_to_vector(model.parameters())
-                    dist.all_reduce(params)
-                    torch.nn.utils.vector_to_parameters(params / world, model.parameters())
-            snapshots.append(flat(model.parameters()))
-    return snapshots
 
 
 def _run(fn, **kwargs):
@@ -74,28 +46,30 @@ def _run(fn, **kwargs):
             "bytes": sum(r.payload_bytes for r in ledger.records), "ops": sorted({r.op for r in ledger.records})}
 
 
-def _torch_local_sgd(model, optimizer, batches, period):
-    """PyTorch's local SGD: PeriodicModelAverager after every step, averaging after steps period, 2 period, ..."""
+def _torch_local_sgd(model, optimizer, batches, period, warmup=None):
+    """PyTorch's local SGD: PeriodicModelAverager after every step, averaging after steps period, 2 period, ...
+    (warmup=0: after steps 1, period + 1, ...: the average one step early)."""
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-    averager, snapshots = PeriodicModelAverager(period=period, warmup_steps=period - 1), []
+    warmup = period - 1 if warmup is None else warmup
+    averager, snapshots = PeriodicModelAverager(period=period, warmup_steps=warmup), []
     for step, (inputs, targets) in enumerate(batches):
         optimizer.zero_grad()
         F.mse_loss(model(inputs), targets).backward()
         optimizer.step()
         averager.average_parameters(model.parameters())
-        if (step + 1) % period == 0:
+        if (step - warmup) % period == 0 and step >= warmup:
             snapshots.append(flat(model.parameters()))
     return snapshots
 
 
 def _on_rank(local_sgd):
-    """Runs on every rank: the student's local SGD, PyTorch's, the wrong versions, and DDP for steps / period steps."""
+    """Runs on every rank: the student's local SGD, PyTorch's (and PyTorch's one step early), and DDP for steps / period
+    steps."""
     from helpers.comm import CommLedger
 
-    out = {"mine": part_or_error(_run, local_sgd), "torch": _run(_torch_local_sgd)}
-    for mistake in WRONG:
-        out[mistake] = _run(reference_local_sgd, mistake=mistake)["params"]
+    out = {"mine": part_or_error(_run, local_sgd), "torch": _run(_torch_local_sgd),
+           "torch one step early": _run(_torch_local_sgd, warmup=0)["params"]}
     with CommLedger() as ledger:
         train_ddp(None, None, STEPS // PERIOD)
     out["ddp bytes"] = sum(r.payload_bytes for r in ledger.records if r.op == "all_reduce")
@@ -142,11 +116,19 @@ def identical_after_every_average(ns):
             diff = max_diff(mine, first)
             if diff == 0:
                 continue
-            if max_diff(_mine(results[0])["params"], results[0]["gradients averaged"]) <= TOL:
-                raise AssertionError(WRONG["gradients averaged"])
-            raise AssertionError(f"after average {k + 1} (step {(k + 1) * PERIOD}) rank {rank}'s parameters differ "
-                                 f"from rank 0's by {diff:.3g}: every rank must take the same mean of the "
-                                 "parameters (one all-reduce, divided by the world size) and copy it back")
+            raise AssertionError(f"right after average {k + 1} (step {(k + 1) * PERIOD}) rank {rank}'s parameters "
+                                 f"differ from rank 0's by {diff:.3g}: {GRADIENTS}")
+
+
+def _divisor(result):
+    """What the student's first average divided the sum by: the ranks held the same parameters as PyTorch's run just
+    before it, so the first snapshot is WORLD_SIZE / divisor times PyTorch's (None without a first snapshot)."""
+    mine, theirs = _mine(result)["snapshots"], result["torch"]["snapshots"]
+    first = mine[0] if isinstance(mine, list) and mine else None
+    if not isinstance(first, torch.Tensor) or first.shape != theirs[0].shape:
+        return None
+    scale = (first.double() @ theirs[0].double()) / (theirs[0].double() @ theirs[0].double())
+    return WORLD_SIZE / scale.item() if scale.item() else None
 
 
 @public_check("13.3")
@@ -156,9 +138,13 @@ def equal_to_PeriodicModelAverager(ns):
     diff = max_diff(mine, result["torch"]["params"])
     if diff <= TOL:
         return
-    for mistake, why in WRONG.items():
-        if max_diff(mine, result[mistake]) <= TOL:
-            raise AssertionError(why)
+    if max_diff(mine, result["torch one step early"]) <= TOL:
+        raise AssertionError(OFF_BY_ONE)
+    divisor = _divisor(result)
+    if divisor is not None and abs(divisor - round(divisor)) < 0.05 and round(divisor) != WORLD_SIZE:
+        raise AssertionError(f"the SUM of the parameters over ranks: divide by the world size ({WORLD_SIZE})"
+                             if round(divisor) == 1 else f"the sum was divided by {round(divisor)}, not by the world "
+                             f"size ({WORLD_SIZE}): divide by dist.get_world_size()")
     raise AssertionError(f"after {STEPS} steps the parameters differ from PeriodicModelAverager's (period {PERIOD}) "
                          f"by {diff:.3g} (tolerance {TOL:g}): each step zero_grad, mse_loss backward, "
                          "optimizer.step(); after steps period, 2 period, ... the mean of the parameters over ranks")

@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import pathlib
+import time
 
 import nbformat
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from helpers.grading import grade as grading
 from helpers.grading import probes as probe_files
 from helpers.grading.prepare import submissions
+from helpers.grading.probes import shortcuts
 from helpers.grading.report import report, returns, similarity
 from tests.grading import fixture_lab as lab
 
@@ -192,3 +194,13 @@ def test_a_step_that_fails_for_one_student_writes_everyone_elses(tmp_path, monke
     found = similarity.read_class(released, paths)
     assert found.unread == {"bob": "not compared: reading the answers raised ZeroDivisionError"}
     assert [a.student for a in found.answers["97.2"]] == ["ann", "cy"]
+
+
+def test_an_answer_of_ipython_syntax_is_scanned_in_a_bounded_time():
+    # 600 lines of `a?` in an answer: the scan (probes/shortcuts.py, in the student's grading process) had IPython
+    # rewrite each, tokenising the cell again every time (7 CPU-s), then raise RuntimeError past 500: the process
+    # died, grader_error on every re-grade. One rewrite finds the first such line.
+    source = "def add(a, b):\n    return a + b\n" + "a?\n" * 3_000
+    start = time.process_time()
+    assert shortcuts.ipython_syntax(source) == "a?"
+    assert time.process_time() - start < 0.5

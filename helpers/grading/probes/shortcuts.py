@@ -141,8 +141,14 @@ def ipython_syntax(source):
     unreadable, so that nothing in it counted)."""
     from IPython.core.inputtransformer2 import TransformerManager
 
-    python = _python(source)
-    transformed = TransformerManager().transform_cell(python)
+    python, manager = _python(source), TransformerManager()
+    lines = (python if python.endswith("\n") else python + "\n").splitlines(keepends=True)
+    for transform in manager.cleanup_transforms + manager.line_transforms:  # as transform_cell does
+        lines = transform(lines)
+    # One rewrite finds the first such line (IPython rewrites the earliest first). transform_cell rewrites them all,
+    # tokenising the whole cell again for each, and raises past 500: 600 lines of `a?` took 7 CPU-s, then RuntimeError
+    # ended the student's grading (grader_error on every re-grade; test_one_student).
+    transformed = "".join(manager.do_one_token_transform(lines)[1])
     if transformed.rstrip() == python.rstrip():
         return None
     pairs = zip(python.splitlines(), transformed.splitlines())

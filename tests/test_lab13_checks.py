@@ -15,7 +15,7 @@ from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.registry import checks_for
 
 SOLUTION = ROOT / "solutions" / "13_compression_and_local_steps.ipynb"
-TOTALS = {"13.1": 4, "13.2": 3, "13.3": 3}
+TOTALS = {"13.1": 4, "13.2": 4, "13.3": 3}
 
 
 @pytest.mark.parametrize("question", sorted(TOTALS))

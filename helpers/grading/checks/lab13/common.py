@@ -1,8 +1,7 @@
-"""Shared pieces of lab 13's checks: the task, DDP with a hook under the ledger, and the reference algorithms.
+"""Shared pieces of lab 13's checks: the task, DDP with a hook under the ledger, the states the hooks get.
 
-The references are the chapter's algorithms (chapters/13_compression_and_local_steps.ipynb), written once here with
-switches for the usual mistakes: the checks run the right version and the wrong ones on the same ranks and batches,
-and a wrong answer is named by the wrong version it equals.
+No answer is written here: the checks compare with PyTorch's own hooks and averager (with a switch turned off to name
+a mistake) and with rules computed from what the student's hook received and returned (release.py's policy).
 """
 import types
 
@@ -103,60 +102,6 @@ def powersgd_state(rank=PSGD_RANK, start_iter=PSGD_START, seed=0):
                                  rng=np.random.RandomState(seed), iter=0, errors={}, qs={})
 
 
-def orthogonalize(matrix):
-    """Gram-Schmidt on the columns of matrix (n x r), in place (the lab's, and powerSGD_hook's at rank <= 2)."""
-    for i in range(matrix.shape[1]):
-        col = matrix[:, i:i + 1]
-        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True)
-        rest = matrix[:, i + 1:]
-        rest -= (col * rest).sum(dim=0, keepdim=True) * col
-
-
 def worth_compressing(n, m, rank=PSGD_RANK):
     """powerSGD_hook's _should_compress: (n + m) r numbers, times the minimum rate, below n m."""
     return (n + m) * min(n, m, rank) * MIN_COMPRESSION_RATE < n * m
-
-
-def _all_reduce_views(tensors, world=None):
-    buffer = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(buffer)
-    if world is not None:
-        buffer /= world
-    for t, part in zip(tensors, buffer.split([t.numel() for t in tensors])):
-        t.copy_(part.view_as(t))
-
-
-def reference_powersgd_hook(state, bucket, mistake=None):
-    """The lab's powersgd_hook; `mistake` switches one part to a usual wrong version (see MISTAKES_13_2)."""
-    world = dist.get_world_size()
-    buffer = bucket.buffer()
-    if state.iter < state.start_iter and mistake != "compressed from the first step":
-        state.iter += bucket.is_last()
-        buffer.div_(world)
-        return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
-    i = bucket.index()
-    if i in state.errors and mistake != "no error feedback":
-        buffer += state.errors[i]
-    before = buffer.clone()
-    views = [g.view(g.shape[0], -1) for g in bucket.gradients()]
-    matrices = [v for v in views if worth_compressing(*v.shape, state.rank)]
-    _all_reduce_views([v for v in views if not worth_compressing(*v.shape, state.rank)], world)
-    if i not in state.qs or mistake == "no warm start":
-        g = torch.Generator().manual_seed(int(state.rng.randint(1_000_000_000)))
-        state.qs[i] = [torch.randn(m.shape[1], min(*m.shape, state.rank), generator=g) for m in matrices]
-    qs = state.qs[i]
-    for q in qs:
-        orthogonalize(q)
-    ps = [m @ q for m, q in zip(matrices, qs)]
-    _all_reduce_views(ps)
-    if mistake != "P not orthogonalised":
-        for p in ps:
-            orthogonalize(p)
-    state.qs[i] = qs = [m.T @ p for m, p in zip(matrices, ps)]
-    _all_reduce_views(qs, None if mistake == "Q not divided" else world)
-    for m, p, q in zip(matrices, ps, qs):
-        m.copy_(p @ q.T)
-    state.errors[i] = before - buffer
-    done = torch.futures.Future()
-    done.set_result(buffer)
-    return done

@@ -21,6 +21,8 @@ from helpers.grading import probes as probe_files
 from helpers.grading.prepare import submissions
 from helpers.grading.probes import shortcuts
 from helpers.grading.report import report, returns, similarity
+from helpers.grading.run import grade_student
+from helpers.grading.run.execute import Limits
 from tests.grading import fixture_lab as lab
 
 pytestmark = pytest.mark.timeout(600)
@@ -204,3 +206,27 @@ def test_an_answer_of_ipython_syntax_is_scanned_in_a_bounded_time():
     start = time.process_time()
     assert shortcuts.ipython_syntax(source) == "a?"
     assert time.process_time() - start < 0.5
+
+
+def test_what_grading_a_notebook_raises_is_that_students_error(tmp_path, monkeypatch):
+    # Whatever a notebook makes the grader raise past its messages (a judge, the scan, writing its executed notebook)
+    # is that student's `error`, every question 0, the traceback in the grader's log: before, the process died, a
+    # grader_error on every re-grade and a blank LMS grade.
+    lab.build(tmp_path)
+    path = lab.submission(tmp_path, "ann", lab.ADD, lab.RANK_SUM)
+    out = tmp_path / "out"
+    for sub in ("results", "logs"):
+        (out / sub).mkdir(parents=True)
+    monkeypatch.setattr(grade_student, "limit_this_process", lambda *args: None)  # not the test's own process
+
+    def raises(*args):
+        raise KeyError("data")
+
+    monkeypatch.setattr(grade_student, "_graded", raises)
+    released = nbformat.read(tmp_path / "labs" / "97_fixture.ipynb", as_version=4)
+    task = grade_student.Task("97", released, str(tmp_path / "probes"), {}, 1, str(out), Limits())
+    result = grade_student.grade_student(task, "ann", str(path))
+    assert result["status"] == "error" and "raised KeyError in the grader" in result["error"]
+    assert all(m["earned"] == 0 for marks in result["marks"].values() for m in marks)
+    assert "ann: grading raised" in (out / "logs" / "grader.log").read_text()
+    assert json.loads((out / "results" / "ann.json").read_text())["status"] == "error"

@@ -11,6 +11,7 @@ import os
 import pathlib
 import tempfile
 import time
+import traceback
 
 import nbformat
 
@@ -151,6 +152,18 @@ def refused_result(student, probes, why):
             "marks": zero_marks(probes, "the notebook could not be read"), "error": why}
 
 
+def failed_result(out, student, probes, exc):
+    """The `error` result of a notebook whose grading raised: every probe 0, the exception's class in the feedback,
+    its traceback in OUT/logs/grader.log (where a grader's own bug shows). Before, the process died: grader_error and
+    a blank LMS grade on every re-grade, for what a student's notebook made the grader raise."""
+    why = (f"grading this notebook raised {type(exc).__name__} in the grader, so every question scores 0: ask your "
+           "instructor (the grader's log has the details)")
+    with open(pathlib.Path(out) / "logs" / "grader.log", "a", encoding="utf-8", errors="replace") as log:
+        log.write(f"{student}: grading raised\n{''.join(traceback.format_exception(exc))}")
+    return {"student": student, "status": "error", "missing": [], "cells": [], "kernels": 0,
+            "marks": zero_marks(probes, why), "error": why}
+
+
 # A grading process that passed its memory limit (Limits.grader_memory_bytes: an answer that printed or displayed
 # gigabytes, which reach this process as messages before any cap can cut them).
 MEMORY_LIMIT = ("grading this notebook took more than {} MiB of the grader's memory (an output of hundreds of "
@@ -174,6 +187,10 @@ def grade_student(task, student, path):
             result = {**_graded(task, student, submission, setup, probes, seed), "sha256": sha256, "probe_seed": seed}
         except MemoryError:  # RLIMIT_AS, where no memory cgroup holds this process (cgroup.limit_this_process)
             result = memory_limit_result(student, probes, task.limits.grader_memory_bytes)
+        except SolutionFailed:  # the solution on this student's inputs: the grader's to fix, a grader_error
+            raise
+        except Exception as exc:  # noqa: BLE001 - what grading this notebook raised is this student's (issue 29)
+            result = {**failed_result(task.out, student, probes, exc), "sha256": sha256, "probe_seed": seed}
     result["seconds"] = round(time.monotonic() - start, 1)
     write_result(task.out, result)
     return result

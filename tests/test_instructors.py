@@ -20,7 +20,8 @@ def exercises(path):
         text = "".join(cell["source"])
         if cell["cell_type"] == "markdown" and re.search(r"^## Exercises\s*$", text, re.M):
             section = re.split(r"^## Exercises\s*$", text, flags=re.M)[1]
-            section = re.split(r"^#{1,3} ", section, flags=re.M)[0]  # up to the next heading, if any
+            # up to the next heading of the same or a higher level; a "### ... (optional)" part keeps its numbers
+            section = re.split(r"^#{1,2} ", section, flags=re.M)[0]
             return [int(n) for n in re.findall(r"^(\d+)\. ", section, re.M)]
     return []
 

@@ -354,8 +354,9 @@ def refuse(out, lab, probes_dir, refused):
 
 
 def refused_paths(directory, refused):
-    """{student: path} of the refused entries: the similarity report lists them as not read, without opening one."""
-    return {student: str(pathlib.Path(directory) / f"{student}.ipynb") for student in refused}
+    """{student: submissions.Refused(why)} of the refused entries: the similarity report lists them as not read, with
+    why, without opening one (a refused name's id is no file of directory's)."""
+    return {student: submissions.Refused(why) for student, why in refused.items()}
 
 
 def _write_similarity(out, lab, released, paths, solution=None):

@@ -101,6 +101,8 @@ def test_every_student_has_a_row_and_feedback(hostile_class):
         assert why in feedback and "rename the file to the student's id" in feedback, feedback
         assert (out / "return" / student / "feedback.md").is_file()
     assert json.loads((out / "state.json").read_text())["seed"], "a student named state wrote over the run's state"
+    similar = (out / "similarity.md").read_text(encoding="utf-8")
+    assert "- %caf%E9: caf\\xe9.ipynb: its file name is not UTF-8 text" in similar, similar[-1500:]
     assert "surrogate" in (out / "gradebook-canvas.csv").read_text(encoding="utf-8")
 
 

@@ -36,6 +36,7 @@ A refused entry's id is `refused_id`: `%` and its name's bytes, every one but AS
 percent-encoded (`caf\xe9` -> `%caf%E9`), cut at 100 characters with a hash: no valid id holds `%`, so a refused one
 never names another student's files, and it can be told back into the file's name.
 """
+import dataclasses
 import errno
 import hashlib
 import json
@@ -98,6 +99,13 @@ def shown_name(student):
     name = os.fsencode(student + ".ipynb").decode("utf-8", "backslashreplace")
     name = ascii(name)[1:-1] if not name.isprintable() else name
     return name if len(name) <= 120 else f"{name[:100]}...{name[-10:]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """An entry of SUBMISSIONS that is never read, in place of its path: why (listing's refused)."""
+
+    why: str
 
 
 class SubmissionError(ValueError):

@@ -51,7 +51,7 @@ import warnings
 import nbformat
 
 from helpers.grading.prepare.assemble import answer_questions, find_answer
-from helpers.grading.prepare.submissions import SubmissionError, read_bytes, read_notebook, scrub
+from helpers.grading.prepare.submissions import Refused, SubmissionError, read_bytes, read_notebook, scrub
 
 K = 5               # tokens in a fingerprint: `dist . all_reduce ( V` is one
 WINDOW = 4          # winnowing window: shared runs of K + WINDOW - 1 = 8 tokens are always found
@@ -386,8 +386,9 @@ def _answers(student, found, sources, vocabulary, result):
 
 
 def read_class(released, paths, solution=None):
-    """ClassAnswers of the submissions {student: path} to the released lab (an nbformat notebook); solution: the
-    published solution's notebook (its answers are scored against every student's), if given."""
+    """ClassAnswers of the submissions {student: path, or submissions.Refused: not read} to the released lab (an
+    nbformat notebook); solution: the published solution's notebook (its answers are scored against every
+    student's), if given."""
     sources, vocabulary = _released_sources(released)
     result = ClassAnswers({q: [] for q in sources}, {}, {}, {q: [] for q in sources})
     for question, source in sources.items():
@@ -397,6 +398,9 @@ def read_class(released, paths, solution=None):
         if own is not None:
             result.solution[question] = student_answer("(solution)", question, own, source, vocabulary)
     for student, path in sorted(paths.items()):
+        if isinstance(path, Refused):  # never opened (submissions.listing)
+            result.unread[student] = path.why
+            continue
         try:
             data = read_bytes(path)  # a regular file only, capped (submissions.py)
             result.digests[student] = hashlib.sha256(data).hexdigest()

@@ -20,7 +20,7 @@ from helpers.grading import grade as grading
 from helpers.grading import probes as probe_files
 from helpers.grading.prepare import submissions
 from helpers.grading.probes import shortcuts
-from helpers.grading.report import report, returns, similarity
+from helpers.grading.report import manual, report, returns, similarity
 from helpers.grading.run import grade_student
 from helpers.grading.run.execute import Limits
 from tests.grading import fixture_lab as lab
@@ -232,3 +232,12 @@ def test_what_grading_a_notebook_raises_is_that_students_error(tmp_path, monkeyp
     assert all(m["earned"] == 0 for marks in result["marks"].values() for m in marks)
     assert "ann: grading raised" in (out / "logs" / "grader.log").read_text()
     assert json.loads((out / "results" / "ann.json").read_text())["status"] == "error"
+
+
+def test_a_report_of_megabytes_is_copied_up_to_its_cap():
+    released = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(REPORT, id="report")])
+    mine = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("## Report\n\n" + "word " * 400_000,
+                                                                         id="report")])
+    [item] = [probe_files.Manual("97.3", "the report", 2, "report")]
+    text = manual.texts(released, mine, [item])["97.3"]
+    assert len(text) < manual.MAX_TEXT_CHARS + 200 and text.endswith("read them in the student's notebook")

@@ -4,8 +4,8 @@ A probe file declares them (`MANUAL = [Manual(question, name, points, cell)]`, h
 grader never judges them; it hands them to the instructor and counts what the instructor enters:
 
 1. Grading a class copies each student's text, the Markdown cell with the item's cell id in the submission (or,
-   if the student recreated the cell, the one starting with the same heading), into
-   OUT/manual/<question>/<student>.md, and lists every (student, question) in OUT/manual.csv:
+   if the student recreated the cell, the one starting with the same heading; its first MAX_TEXT_CHARS characters),
+   into OUT/manual/<question>/<student>.md, and lists every (student, question) in OUT/manual.csv:
 
        student,question,points,max,words,text
        alice,10.4,,6,212,manual/10.4/alice.md        <- points empty: pending
@@ -37,8 +37,20 @@ def texts(released, submission, items):
         mine = next((c.source for c in cells if c.get("id") == item.cell), None)
         if mine is None and heading:
             mine = next((c.source for c in cells if c.source.strip().startswith(heading)), None)
-        found[item.question] = None if mine is None or mine.strip() == template.strip() else mine
+        found[item.question] = None if mine is None or mine.strip() == template.strip() else _capped(mine)
     return found
+
+
+# Lab 10's report asks for two paragraphs (its released cell holds 915 characters); a text of megabytes would be
+# copied whole into the student's result, manual/ and every re-run of the reports.
+MAX_TEXT_CHARS = 100_000
+
+
+def _capped(text):
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    return (f"{text[:MAX_TEXT_CHARS]}\n\n[grader] the text goes on for {len(text) - MAX_TEXT_CHARS:,} characters "
+            "more, not copied here: read them in the student's notebook")
 
 
 def read_points(out, items):

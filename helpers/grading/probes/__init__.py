@@ -10,7 +10,7 @@ The contract, and why:
   it, so an output memorised for one call is worth nothing (tests/test_labs.py proves it for every probe).
 - A probe returns raw data only: tensors, numbers, lists, the records of the collectives the ranks issued
   (helpers.comm.CommLedger), never a verdict computed in the student's kernel, which the student controls.
-- The grader judges: `Probe.grade` runs in the grader's process, on the JSON the kernel displayed. By default
+- The grader judges: `Probe.grade` runs in the grader's process, on the JSON the kernel sent (channel.py). By default
   the value must equal the solution's value for the same seed (plain.compare, rtol/atol); a `judge(expected,
   actual, seed) -> (passed, message)` replaces that where the lab leaves a choice free (10.1's sampling) or
   where structure is judged by a rule (bytes within 1 %, all-reduces started during backward); see judges.py.

@@ -63,12 +63,16 @@ class TrainConfig:
     warmup: int = 0           # steps of linear learning-rate warmup (0: none)
     decay_to: float = 1.0     # cosine decay of the learning rate to lr x decay_to at the last step (1.0: constant)
     keep_every: int = 0       # also return the full parameters after every keep_every steps (0: only the final)
+    compile: str = ""         # torch.compile backend for every block, before wrapping ("": eager; on GPUs "inductor")
 
 
 def build(cfg, strategy, vocab_size, device):
     """The same GPT on every rank (seeded), wrapped by `strategy`."""
     torch.manual_seed(cfg.seed)   # fully_shard keeps each rank's own slice: the ranks must build the same model
     gpt = GPT(GPTConfig(vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd)).to(device)
+    if cfg.compile:   # torchtitan's order: compile every block (one graph serves them all), then shard or wrap
+        for block in gpt.h:
+            block.compile(backend=cfg.compile, fullgraph=True)
     if strategy == "manual_ddp":
         return ManualDDP(gpt)
     if strategy == "manual_fsdp":
@@ -181,7 +185,15 @@ def train(cfg, strategy, corpus=None):
             "comm_setup": setup.totals(), "comm": comm,
             "state": state_bytes(model.module if strategy == "ddp" else model, optimizer),
             "sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16], "params": flat,
-            "kept": kept if cfg.keep_every else {}, "cpu_seconds": cpu_seconds}
+            "kept": kept if cfg.keep_every else {}, "cpu_seconds": cpu_seconds,
+            "graphs": compiled_graphs() if cfg.compile else 0}
+
+
+def compiled_graphs():
+    """Graphs torch.compile has made in this process (Dynamo's own count)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def summary_table(results):
@@ -217,8 +229,9 @@ def main(argv=None):
     results = []
     for strategy in STRATEGIES if args.strategy == "all" else (args.strategy,):
         results.append(train(cfg, strategy))
+        compiled = f", {results[-1]['graphs']} compiled graph(s)" if cfg.compile else ""
         say(f"rank {rank}: {strategy} loss {results[-1]['losses'][0]:.4f} -> {results[-1]['losses'][-1]:.4f} "
-            f"parameters sha256 {results[-1]['sha256']}")
+            f"parameters sha256 {results[-1]['sha256']}{compiled}")
     dist.barrier()
     if rank == 0:
         say(summary_table(results))

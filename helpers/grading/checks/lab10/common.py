@@ -49,13 +49,14 @@ def _train_on_rank(kind, component, data, cfg):
 def _train_with_hooks(FlatShard, register, data, cfg):
     """On every rank: yours.train of FlatShardRun with the student's hooks (10.5), `register(units, modules)` in place
     of yours.register_hooks. Beside train's results, "order": per step, every collective in the order this rank
-    issued it, as [op, the index of the unit whose buffers it moved (-1: none), "forward" or "backward"]."""
+    issued it, as [op, the index of its unit (-1: none), "forward" or "backward"]: the unit whose unshard() or
+    reduce_scatter_grads() issued it, else whose flat_shard, flat or flat.grad it moved (the student's prefetch)."""
     from helpers.comm import CommLedger
 
     yours = _capstone("yours")
 
     class HooksRun(yours.FlatShardRun):
-        order = []   # per step, [op, unit, phase] per collective
+        events = []   # per step, [op, unit, phase] per collective
 
         def __init__(self, gpt, cfg):   # FlatShardRun's, with register(units, modules) for the hooks
             self.numels = {name: p.numel() for name, p in gpt.named_parameters()}
@@ -64,12 +65,16 @@ def _train_with_hooks(FlatShard, register, data, cfg):
             self.model = gpt
             yours.tie_head_to_embedding(gpt)
             self.units = [FlatShard(block) for block in gpt.h] + [FlatShard(gpt)]   # bottom-up, the root last
+            self.inside = None   # the unit whose unshard() or reduce_scatter_grads() is running
+            for index, unit in enumerate(self.units):
+                for method in ("unshard", "reduce_scatter_grads"):
+                    setattr(unit, method, self._of_unit(index, getattr(unit, method)))
             register(self.units, [*gpt.h, gpt])
             self.optimizer = yours.adamw(gpt.parameters(), cfg)
 
         def step(self, x, y):
             events, phase = [], ["forward"]
-            HooksRun.order.append(events)
+            HooksRun.events.append(events)
             note = lambda record, tensors, args: events.append([record.op, self._unit_of(tensors), phase[0]])  # noqa: E731
             self.optimizer.zero_grad(set_to_none=True)
             with CommLedger(check=note, keep_records=False):   # sees each collective before it runs
@@ -79,8 +84,22 @@ def _train_with_hooks(FlatShard, register, data, cfg):
             self.optimizer.step()
             return loss.detach()
 
+        def _of_unit(self, index, method):
+            """The unit's method, marking the collectives it issues as the unit's (whatever buffers they use)."""
+            def call(*args, **kwargs):
+                outer, self.inside = self.inside, index
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    self.inside = outer
+            return call
+
         def _unit_of(self, tensors):
-            """The unit whose flat_shard, flat or flat.grad a collective reads or writes (their storage), or -1."""
+            """The unit whose method issues the collective; else whose flat_shard, flat or flat.grad it reads or writes
+            (their storage; a prefetch of the student's own); else -1."""
+            if self.inside is not None:
+                return self.inside
+
             def storages(ts):
                 return {t.untyped_storage().data_ptr() for t in ts if t is not None and t.untyped_storage().nbytes()}
             used = storages(tensors)
@@ -92,7 +111,7 @@ def _train_with_hooks(FlatShard, register, data, cfg):
         out = yours.train("flatshard_hooks", data, cfg)
     finally:
         del yours.RUNS["flatshard_hooks"]
-    return {**out, "order": HooksRun.order}
+    return {**out, "order": HooksRun.events}
 
 
 def brought(ns, name, question, valid, what):

@@ -13,6 +13,7 @@ import pytest
 from helpers.grading import grade as grading
 from helpers.grading.prepare import submissions
 from helpers.grading.report import similarity
+from helpers.grading.run.execute import Limits
 from helpers.grading.run.grade_student import Task, grade_student
 from tests.grading import fixture_lab as lab
 
@@ -43,7 +44,8 @@ def _grade_one(tmp_path, path):
     out = tmp_path / "out"
     (out / "results").mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    result = grade_student(Task("01", None, None, {}, 0, str(out), None), pathlib.Path(path).stem, str(path))
+    limits = Limits(grader_memory_bytes=0)  # no memory limit on the test's own process
+    result = grade_student(Task("01", None, None, {}, 0, str(out), limits), pathlib.Path(path).stem, str(path))
     return result, time.monotonic() - start
 
 

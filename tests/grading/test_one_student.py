@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import pathlib
+import random
 import time
 
 import nbformat
@@ -18,6 +19,7 @@ import pytest
 
 from helpers.grading import grade as grading
 from helpers.grading import probes as probe_files
+from helpers.grading.judge import redact
 from helpers.grading.prepare import submissions
 from helpers.grading.probes import shortcuts
 from helpers.grading.report import manual, report, returns, similarity
@@ -241,3 +243,21 @@ def test_a_report_of_megabytes_is_copied_up_to_its_cap():
     [item] = [probe_files.Manual("97.3", "the report", 2, "report")]
     text = manual.texts(released, mine, [item])["97.3"]
     assert len(text) < manual.MAX_TEXT_CHARS + 200 and text.endswith("read them in the student's notebook")
+
+
+def test_the_secrets_of_a_notebook_with_a_huge_answer_cost_a_bounded_time():
+    # The feedback and the returns of the whole class, in the grader's own process, list each student's secrets
+    # (judge/redact.py): a probe cell's 16-letter windows that the notebook's other cells do not hold. An answer cell
+    # of 4 MB of letters made a set of 4 million windows first: 2.5 CPU-s and 550 MiB for one student, and a notebook
+    # of 40 MB (under the 50 MiB cap) 10 times that. Only the windows a probe cell holds are looked up, on each
+    # cell's first characters (a window shared further on stays secret: withheld, never shown).
+    rng = random.Random(0)
+    answer = rng.randbytes(4_000_000).translate(bytes(97 + i % 26 for i in range(256))).decode()  # letters
+    graded = {"cells": [{"cell_type": "code", "source": "_probe_run('9.9', 'import torch as _probe_torch')",
+                         "metadata": {"dp_course_kind": "probe"}},
+                        {"cell_type": "code", "source": answer, "metadata": {"dp_course_kind": "answer"}}]}
+    start = time.process_time()
+    secrets = redact.Secrets.of_notebook(graded)
+    assert time.process_time() - start < 0.5
+    assert secrets.guard("it said import torch as _probe_torch") == redact.WITHHELD
+    assert secrets.guard(answer[:100]) == answer[:100]

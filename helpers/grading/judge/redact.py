@@ -30,6 +30,7 @@ import re
 from helpers.grading.judge.reference import leaked_lines
 
 WINDOW = 16  # letters in a row shared with a probe cell: withheld
+PUBLIC_CHARS = 200_000  # of each cell the student may see, compared with the probe cells (answers are under 7,000)
 WITHHELD = ("the message quoted the grader's hidden code or a hidden test's seed, so it is not shown: raise messages "
             "of your own")
 REACHES = ("its message is not shown: your answer cells up to it read the kernel's history, its frames or the "
@@ -51,8 +52,12 @@ def letters(text):
 
 
 def _windows(text):
+    return set(_each_window(text))
+
+
+def _each_window(text):
     stream = letters(text)
-    return {stream[i:i + WINDOW] for i in range(len(stream) - WINDOW + 1)}
+    return (stream[i:i + WINDOW] for i in range(len(stream) - WINDOW + 1))
 
 
 def mask_numbers(text):
@@ -68,8 +73,12 @@ class Secrets:
         is not secret); seeds: the run's and the student's; code: the SETUP and the references' sources as written
         (a grader's message holding one of their lines is withheld too: reference.leaked_lines)."""
         texts, self.code = [*texts, *code], tuple(code)
-        shared = set().union(*map(_windows, public)) if public else set()
-        self.windows = set().union(*map(_windows, texts)) - shared if texts else set()
+        secret = set().union(*map(_windows, texts)) if texts else set()
+        # The public windows a probe cell also holds, looked up on each public text's first PUBLIC_CHARS: a set of all
+        # of a hostile 4 MB answer's windows cost 2.5 CPU-s and 550 MiB of the grader's own process per student (issue
+        # 29). A window shared only further on stays secret: a message holding it is withheld, never shown.
+        shared = {w for text in public for w in _each_window(str(text)[:PUBLIC_CHARS]) if w in secret}
+        self.windows = secret - shared
         calls = [part for text in texts for call in _CALL.findall(str(text)) for part in call]
         self.seeds = {str(s) for s in (*seeds, *calls) if len(str(s)) >= 5}  # found even with their digits split
         self.numbers = {t for text in texts for t in _LONG.findall(str(text))}  # found whole

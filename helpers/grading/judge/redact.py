@@ -115,7 +115,8 @@ class Secrets:
     def holds_code(self, text):
         """Whether text holds WINDOW letters in a row of a probe or fill cell that the notebook's other cells do
         not hold."""
-        return bool(self.windows) and not self.windows.isdisjoint(_windows(text))
+        # Window by window, never a set of them all: an output of 1,000,000 letters built one of 350 MiB (0.6 CPU-s).
+        return bool(self.windows) and any(w in self.windows for w in _each_window(text))
 
     def guard(self, text):
         """The student's text, or WITHHELD if it holds a seed, a nonce or a piece of a probe cell."""

@@ -531,10 +531,10 @@ def test_an_overdue_student_is_a_grader_error_and_the_class_goes_on(two_students
 
 
 # Issue 29: an answer displayed 435 MiB (in the probes' own MIME type, past the output cap); its student's grading
-# process, which receives every message whole before any cap can cut it, grew to 2 GiB with no limit. Here 150 MiB
-# under a limit of 64 MiB more than the grading process holds when it starts (a 1 MiB display passes it: 7 CPU-s in
-# all; 300 MiB under 128 cost 20).
-MEMORY_HOG = CORRECT_ADD + "from IPython.display import display\ndisplay({'text/plain': 'x' * 150 * 2**20}, raw=True)\n"
+# process, which receives every message whole before any cap can cut it, grew to 2 GiB with no limit. A message costs
+# it about 3 times its size (a 100 MiB display: 316 MiB more, 150 MiB: 467, a 1 MiB one 18; measured in its memory
+# cgroup without a limit). Here 100 MiB under a limit of 64 MiB more than the grading process holds when it starts.
+MEMORY_HOG = CORRECT_ADD + "from IPython.display import display\ndisplay({'text/plain': 'x' * 100 * 2**20}, raw=True)\n"
 
 
 @pytest.mark.skipif(not FENCES.memory_cgroups, reason="no writable memory cgroup here: test_memory_limit.py tests "

@@ -141,8 +141,8 @@ def limit_this_process(grow_bytes, use_cgroup):
     kernel inherits the RLIMIT_AS, as the soft limit only, which prlimit --as then sets for it."""
     if not grow_bytes:
         return
-    if use_cgroup and memory_root():
-        MemoryCgroup(grader_cgroup_name(os.getpid()), _status_kib("VmRSS") * 1024 + grow_bytes).enter(os.getpid())
+    if use_cgroup and memory_root():  # a cgroup counts only what is charged after a process enters it: the growth
+        MemoryCgroup(grader_cgroup_name(os.getpid()), grow_bytes).enter(os.getpid())
     else:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         resource.setrlimit(resource.RLIMIT_AS, (_status_kib("VmSize") * 1024 + grow_bytes, hard))

@@ -37,10 +37,10 @@ def _probe_run(question, kind, name, bring, valid, what, n_layer):
 
 
 def _probe_prefetch(FlatShard, register):
-    """10.5: the student's hooks on FlatShard units (the solution's 10.3 class in the graded run), a GPT of 2 blocks
-    at secret sizes; every rank's results but its timings, and the order of its collectives in every step."""
+    """10.5: the student's hooks on FlatShard units (the solution's 10.3 class in the graded run), a GPT of 2 or 3
+    blocks at secret sizes; every rank's results but its timings, and the order of its collectives in every step."""
     cfg = _probe_lab10.config(seed=_PROBE_SEED % 1000, steps=2, block_size=6 + _PROBE_SEED % 7,
-                              n_embd=8 + 4 * (_PROBE_SEED % 3), n_layer=2)
+                              n_embd=8 + 4 * (_PROBE_SEED % 3), n_layer=2 + _PROBE_SEED // 7 % 2)
     data = _probe_lab10._capstone("data").load_corpus()[1]
     runs = _probe_launch(_probe_lab10._train_with_hooks, _probe_lab10.WORLD_SIZE, args=(FlatShard, register, data, cfg),
                          hang_timeout=30)
@@ -114,7 +114,7 @@ _RUNS = {"10.1": '_probe_run("10.1", "reducer", "bring_reducer", bring_reducer, 
          "10.5": '_probe_prefetch(bring_flat_shard(), register_hooks_with_prefetch)'}
 _WHERE = {"10.1": "3 ranks, a GPT of secret sizes, 2 steps", "10.2": "3 ranks, a GPT of secret sizes, 2 steps",
           "10.3": "3 ranks, a GPT of 2 blocks and secret sizes, 2 steps",
-          "10.5": "3 ranks, a GPT of 2 blocks and secret sizes, 2 steps, your hooks on the reference FlatShard"}
+          "10.5": "3 ranks, a GPT of 2 or 3 blocks and secret sizes, 2 steps, your hooks on the reference FlatShard"}
 _POINTS = {"10.1": 3, "10.2": 4, "10.3": 4, "10.5": 4}
 _MODULES = {"10.1": q1, "10.2": q2, "10.3": q3, "10.5": q5}
 _WHAT = {"10.5": "identical parameters on every rank, the solution's values, every collective in the order each rank "

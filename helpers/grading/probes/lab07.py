@@ -15,26 +15,13 @@ from helpers.grading.checks.lab07 import q4_train_zero2 as q4
 from helpers.grading.checks.lab07 import q5_zero_adamw as q5
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import by_public_checks, diagnosed
+from helpers.grading.probes.offsets import OFFSETS, at_offset_setup
 
-OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
-
-SETUP = f'''
+SETUP = '''
 from helpers.grading.shared_run import launch_gloo as _probe_launch
 from helpers.grading.checks.lab07 import (q2_zero_adamw_step as _probe_q2, q3_reduce_scatter_gradients as _probe_q3,
                                           q4_train_zero2 as _probe_q4, q5_zero_adamw as _probe_q5)
-
-_probe_offset = _PROBE_SEED % {OFFSETS}
-
-
-def _probe_at_offset(offset, fn, *args):
-    """On a rank: fn(*args) with the checks' OFFSET set (their models, data and gradients move with it)."""
-    from helpers.grading.checks.lab07 import common
-    common.OFFSET = offset
-    try:
-        return fn(*args)
-    finally:
-        common.OFFSET = 0
-
+''' + at_offset_setup("lab07") + '''
 
 def _probe_run(fn, answer):
     return _probe_launch(_probe_at_offset, 3, args=(_probe_offset, fn, answer), hang_timeout=20)
@@ -42,7 +29,7 @@ def _probe_run(fn, answer):
 
 def _probe_ranges(cases):
     """Each call's (numel, rank, world_size) and the (start, stop, pad) it returned."""
-    return [{{"args": [n, r, w], "got": list(shard_range(n, r, w))}} for n, w in cases for r in range(w)]
+    return [{"args": [n, r, w], "got": list(shard_range(n, r, w))} for n, w in cases for r in range(w)]
 
 
 def _probe_ranks(numel, world_size):
@@ -55,7 +42,7 @@ def _probe_ranks(numel, world_size):
             raise
         except Exception as exc:
             refused.append(type(exc).__name__)
-    return {{"refused": refused, "last rank": list(shard_range(numel, world_size - 1, world_size))}}
+    return {"refused": refused, "last rank": list(shard_range(numel, world_size - 1, world_size))}
 '''
 
 

@@ -16,33 +16,19 @@ from helpers.grading.checks.lab08 import q4_reduce_scatter_grads as q4
 from helpers.grading.checks.lab08 import q5_train_fsdp as q5
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import by_public_checks
+from helpers.grading.probes.offsets import OFFSETS, at_offset_setup
 
-OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
-
-SETUP = f'''
+SETUP = '''
 from helpers.grading.shared_run import launch_gloo as _probe_launch
 from helpers.grading.checks.lab08 import (q1_flat_shard_init as _probe_q1, q2_unshard as _probe_q2,
                                           q3_reshard as _probe_q3, q4_reduce_scatter_grads as _probe_q4,
                                           q5_train_fsdp as _probe_q5)
-
-_probe_offset = _PROBE_SEED % {OFFSETS}
-
-
-def _probe_at_offset(offset, fn, *args):
-    """On a rank: fn(*args) with the checks' OFFSET set, its tuples kept through the JSON."""
-    from helpers.grading.checks.lab08 import common
-    from helpers.grading.run.probe_runtime import keep_tuples
-    common.OFFSET = offset
-    try:
-        return keep_tuples(fn(*args))
-    finally:
-        common.OFFSET = 0
-
+''' + at_offset_setup("lab08", keep_tuples=True) + '''
 
 def _probe_runs(fn, world_sizes, answer):
-    """{{world size: every rank's result}}, as the checks' _results gives it (the keys as text)."""
-    return {{str(n): _probe_launch(_probe_at_offset, n, args=(_probe_offset, fn, answer), hang_timeout=30)
-            for n in world_sizes}}
+    """{world size: every rank's result}, as the checks' _results gives it (the keys as text)."""
+    return {str(n): _probe_launch(_probe_at_offset, n, args=(_probe_offset, fn, answer), hang_timeout=30)
+            for n in world_sizes}
 '''
 
 

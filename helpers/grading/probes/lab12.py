@@ -13,26 +13,13 @@ from helpers.grading.checks.lab12 import q3_autocast_bytes as q3
 from helpers.grading.checks.lab12 import q4_train_mixed as q4
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import by_public_checks
+from helpers.grading.probes.offsets import OFFSETS, at_offset_setup
 
-OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
-
-SETUP = f'''
+SETUP = '''
 from helpers.grading.shared_run import launch_gloo as _probe_launch
 from helpers.grading.checks.lab12 import (q1_loss_scaler as _probe_q1, q2_zero2_scaled_step as _probe_q2,
                                           q3_autocast_bytes as _probe_q3, q4_train_mixed as _probe_q4)
-
-_probe_offset = _PROBE_SEED % {OFFSETS}
-
-
-def _probe_at_offset(offset, fn, *args):
-    """fn(*args) with the checks' OFFSET set (their streams, models and data move with it); on a rank or here."""
-    from helpers.grading.checks.lab12 import common
-    common.OFFSET = offset
-    try:
-        return fn(*args)
-    finally:
-        common.OFFSET = 0
-
+''' + at_offset_setup("lab12") + '''
 
 def _probe_here(fn, *answers):
     return _probe_at_offset(_probe_offset, fn, *answers)

@@ -11,26 +11,13 @@ from helpers.grading.checks.lab13 import q2_powersgd_hook as q2
 from helpers.grading.checks.lab13 import q3_local_sgd as q3
 from helpers.grading.probes import Probe
 from helpers.grading.probes.judges import by_public_checks
+from helpers.grading.probes.offsets import OFFSETS, at_offset_setup
 
-OFFSETS = 1000  # the checks' OFFSET: the question's secret seed modulo this
-
-SETUP = f'''
+SETUP = '''
 from helpers.grading.shared_run import launch_gloo as _probe_launch
 from helpers.grading.checks.lab13 import (q1_compress_hook as _probe_q1, q2_powersgd_hook as _probe_q2,
                                           q3_local_sgd as _probe_q3)
-
-_probe_offset = _PROBE_SEED % {OFFSETS}
-
-
-def _probe_at_offset(offset, fn, *args):
-    """On a rank: fn(*args) with the checks' OFFSET set (their model and batches move with it)."""
-    from helpers.grading.checks.lab13 import common
-    common.OFFSET = offset
-    try:
-        return fn(*args)
-    finally:
-        common.OFFSET = 0
-
+''' + at_offset_setup("lab13") + '''
 
 def _probe_run(fn, answer):
     return _probe_launch(_probe_at_offset, 3, args=(_probe_offset, fn, answer), hang_timeout=30)

@@ -4,8 +4,8 @@ import pytest
 
 from helpers.grading import check
 from helpers.grading.check import MIMETYPE, run_one
-from helpers.grading.prepare.labgen import MarkerError, student_notebook, student_source
-from helpers.grading.registry import _CHECKS, answer, public_check
+from helpers.grading.prepare.labgen import ROOT, MarkerError, student_notebook, student_source
+from helpers.grading.registry import _CHECKS, answer, public_check, questions_of
 
 SOLUTION = '''def mean_grad(grads):
     """Mean of a list of tensors."""
@@ -119,3 +119,11 @@ def test_shared_run_computes_once_per_key_and_replays_failures():
             shared("1.1", "b", lambda: compute("bad"))
     assert shared("1.1", "a", lambda: compute("a")) == "a"  # only the latest key is kept: computed again
     assert calls == ["a", "bad", "a"]
+
+
+@pytest.mark.parametrize("solution", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.name[:2])
+def test_every_question_with_public_checks_has_a_check_cell_in_its_solution(solution):
+    cells = [c.source for c in nbformat.read(solution, as_version=4).cells if c.cell_type == "code"]
+    questions = questions_of(int(solution.name[:2]))
+    assert questions, f"{solution.name}: no public checks registered"
+    assert [q for q in questions if f'check("{q}", globals())' not in cells] == [], solution.name

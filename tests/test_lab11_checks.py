@@ -8,20 +8,9 @@ tests/mistakes/lab11.py, run by tests/test_mistakes.py.
 """
 import pytest
 
-from helpers.grading.prepare.labgen import ROOT
 from helpers.grading.registry import checks_for
-
-SOLUTION = ROOT / "solutions" / "11_operations.ipynb"
 
 
 @pytest.mark.parametrize("question, total", [("11.1", 2), ("11.2", 3), ("11.3", 2), ("11.4", 3)])
 def test_every_question_has_its_number_of_checks(question, total):
     assert len(checks_for(question)) == total
-
-
-def test_every_question_has_a_check_cell():
-    import nbformat
-
-    cells = [c.source for c in nbformat.read(SOLUTION, as_version=4).cells if c.cell_type == "code"]
-    for question in ("11.1", "11.2", "11.3", "11.4"):
-        assert f'check("{question}", globals())' in cells, question

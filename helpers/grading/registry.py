@@ -29,6 +29,12 @@ def checks_for(question):
     return list(_CHECKS[question])
 
 
+def questions_of(lab):
+    """The questions of lab `lab` (a number) that have public checks, in order: ["3.1", "3.2", ...]."""
+    importlib.import_module(f"helpers.grading.checks.lab{lab:02d}")
+    return sorted((q for q in _CHECKS if q.split(".")[0] == str(lab)), key=lambda q: int(q.split(".")[1]))
+
+
 def answer(namespace, name):
     """The student's definition `name`, or a failure that says which cell to run."""
     if name not in namespace:
